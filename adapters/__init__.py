@@ -1,0 +1,1 @@
+"""Everything with I/O: the event store, settings, the CLI and (later) the bus."""

@@ -1,0 +1,72 @@
+"""What both fenced recorders share: the append arguments and the ways an append can fail.
+
+These failures are raised *inside* the append transaction, so when one is raised nothing of the
+submission has been stored: the rollback takes the run row, the submission ids and the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+from eventsourcing.persistence import IntegrityError
+
+from domain.fencing import Fence
+
+__all__ = [
+    "MAX_EVENTS_PER_APPEND",
+    "AppendConflict",
+    "DuplicateSubmission",
+    "FenceViolation",
+    "RunRow",
+    "SubmissionRow",
+    "sorted_fences",
+]
+
+# Postgres notification ids are (transaction id << 16) + ordinal: one append holds at most this many.
+MAX_EVENTS_PER_APPEND = 65_535
+
+
+class SubmissionRow(msgspec.Struct, frozen=True):
+    submission_id: str
+    run_id: str
+    content_digest: str
+    position: int
+
+
+class RunRow(msgspec.Struct, frozen=True):
+    """The run row the fence locks: also a cheap listing of runs for ``baton runs``."""
+
+    run_id: str
+    head: int
+    epoch: int
+    holder: str | None
+    expires_at: int | None
+    stage: str
+    status: str
+
+
+class FenceViolation(IntegrityError):
+    """The run row did not match the fence's expectations; carries what it held instead."""
+
+    def __init__(self, run_id: str, head: int, epoch: int, holder: str | None) -> None:
+        super().__init__(f"fence violated on run {run_id!r}: head {head}, epoch {epoch}, holder {holder!r}")
+        self.run_id = run_id
+        self.head = head
+        self.epoch = epoch
+        self.holder = holder
+
+
+class DuplicateSubmission(IntegrityError):
+    def __init__(self, submission_id: str) -> None:
+        super().__init__(f"submission {submission_id!r} was already recorded")
+        self.submission_id = submission_id
+
+
+class AppendConflict(IntegrityError):
+    """A position or run id was taken concurrently; reload and decide again."""
+
+
+def sorted_fences(fences: Sequence[Fence]) -> list[Fence]:
+    """Lock run rows in one global order, so two multi-run appends cannot deadlock."""
+    return sorted(fences, key=lambda f: f.run_id)

@@ -1,0 +1,225 @@
+"""The run ledger: an eventsourcing application whose only verb is *submit*.
+
+``submit`` loads the run's state (cached, caught up by position), asks the pure domain to decide,
+seals the new events into the hash chain and appends them with the fence in the same transaction.
+A retry of an accepted submission returns the original verdict; a fence failure returns
+``stale_epoch`` with the current epoch; a lost race reloads and decides again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import msgspec
+from eventsourcing.application import Application
+from eventsourcing.persistence import Mapper, StoredEvent
+
+from adapters.clock import Clock, SystemClock
+from adapters.eventstore.fenced import (
+    MAX_EVENTS_PER_APPEND,
+    AppendConflict,
+    DuplicateSubmission,
+    FenceViolation,
+    RunRow,
+    SubmissionRow,
+)
+from adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_recorded
+from domain import errors
+from domain.canonical import canonical_bytes, digest_of
+from domain.chain import ChainReport, seal, verify_chain
+from domain.commands import AcquireLease, ExpireLease, OpenRun, Submission, Verdict
+from domain.decide import decide
+from domain.events import LeaseGranted, RecordedEvent
+from domain.fencing import fence_for
+from domain.state import RunState, apply, fold
+
+__all__ = ["RunLedger", "submission_digest"]
+
+_SUBMISSION_PREFIX = b"baton.submission.v1\x00"
+_UNFENCED = (OpenRun, AcquireLease, ExpireLease)
+_MAX_ATTEMPTS = 8
+_CACHE_SIZE = 1024
+
+
+def submission_digest(submission: Submission) -> str:
+    """The content digest that tells a retry (same digest) from a conflicting reuse of an id."""
+    return digest_of(_SUBMISSION_PREFIX, canonical_bytes(submission))
+
+
+class RunLedger(Application[str]):
+    name = "BatonLedger"
+    env: ClassVar[dict[str, str]] = {"ORIGINATOR_ID_TYPE": "text"}
+
+    def __init__(self, env: dict[str, str] | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(env)
+        self.clock: Clock = clock or SystemClock()
+        self._states: OrderedDict[str, RunState] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(64)]
+
+    def construct_mapper(self) -> Mapper[str]:
+        return MsgspecMapper(transcoder=self.factory.transcoder())
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def stored(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Sequence[StoredEvent]:
+        return self.recorder.select_events(run_id, gt=after or None, lte=upto)
+
+    def history(self, run_id: str, *, upto: int | None = None) -> Iterator[RecordedEvent]:
+        for stored in self.stored(run_id, upto=upto):
+            yield decode_recorded(stored.topic, stored.state)
+
+    def state(self, run_id: str) -> RunState:
+        """The run's current state: a private copy the caller may keep."""
+        with self._run_locks([run_id]):
+            return fold([], self._current(run_id))
+
+    def verify(self, run_id: str) -> ChainReport:
+        return verify_chain((s.state for s in self.stored(run_id)), run_id=run_id)
+
+    def runs(self) -> list[RunRow]:
+        rows: list[RunRow] = self.recorder.select_runs()  # type: ignore[attr-defined]
+        return rows
+
+    def _current(self, run_id: str) -> RunState:
+        """Cached state caught up with the store; owned by the ledger, never handed out.
+
+        Callers that change it hold the run's stripe lock, and drop it from the cache on failure.
+        """
+        with self._lock:
+            state = self._states.pop(run_id, None)
+        if state is None:
+            state = RunState(run_id=run_id)
+        for stored in self.stored(run_id, after=state.version):
+            apply(state, decode_recorded(stored.topic, stored.state))
+        with self._lock:
+            self._states[run_id] = state
+            while len(self._states) > _CACHE_SIZE:
+                self._states.popitem(last=False)
+        return state
+
+    def _forget(self, run_id: str) -> None:
+        with self._lock:
+            self._states.pop(run_id, None)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def submit(self, submission: Submission) -> Verdict:
+        """Decide and append one submission; always returns a verdict, never half-writes."""
+        for _ in range(_MAX_ATTEMPTS):
+            verdict = self._attempt([submission])
+            if verdict is not None:
+                return verdict[0]
+        return _rejected(submission, errors.ConcurrencyConflict("gave up after repeated concurrent changes"))
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        """Submit a batch in one transaction when every submission is accepted.
+
+        If any is rejected, or the batch loses a race, each is submitted on its own instead, so
+        every submission still gets exactly the verdict it would have had alone.
+        """
+        if 0 < len(submissions) <= MAX_EVENTS_PER_APPEND // 2:
+            verdicts = self._attempt(list(submissions), all_or_nothing=True)
+            if verdicts is not None:
+                return verdicts
+        return [self.submit(s) for s in submissions]
+
+    def _attempt(self, batch: list[Submission], *, all_or_nothing: bool = False) -> list[Verdict] | None:
+        """One try: verdicts, or None when the caller should reload and try again."""
+        run_ids = sorted({s.run_id for s in batch})
+        with self._run_locks(run_ids):
+            return self._attempt_locked(batch, run_ids, all_or_nothing=all_or_nothing)
+
+    def _attempt_locked(
+        self, batch: list[Submission], run_ids: list[str], *, all_or_nothing: bool
+    ) -> list[Verdict] | None:
+        now = self.clock.now()
+        states = {run_id: self._current(run_id) for run_id in run_ids}
+        before = {run_id: msgspec.structs.replace(state) for run_id, state in states.items()}
+        pending: list[StoredRunEvent] = []
+        rows: list[SubmissionRow] = []
+        verdicts: list[Verdict] = []
+        for submission in batch:
+            state = states[submission.run_id]
+            try:
+                bodies = decide(state, submission, now)
+            except errors.Rejection as rejection:
+                for run_id in run_ids:
+                    self._forget(run_id)  # earlier submissions of the batch were applied in place
+                return None if all_or_nothing else [self._after_rejection(submission, rejection)]
+            epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), state.epoch)
+            for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
+                apply(state, recorded)
+                pending.append(StoredRunEvent(recorded))
+            rows.append(
+                SubmissionRow(submission.submission_id, state.run_id, submission_digest(submission), state.version)
+            )
+            verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
+        fences = [fence_for(before[run_id], states[run_id]) for run_id in run_ids]
+        try:
+            self.events.put(pending, fences=fences, submissions=rows)
+        except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
+            for run_id in run_ids:
+                self._forget(run_id)
+            return None if all_or_nothing else self._after_failed_append(batch[0], failure)
+        return verdicts
+
+    def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
+        if isinstance(failure, DuplicateSubmission):
+            return [self._duplicate_or_conflict(submission)]
+        if (
+            isinstance(failure, FenceViolation)
+            and not isinstance(submission.command, _UNFENCED)
+            and (failure.epoch != submission.epoch or failure.holder != submission.worker)
+        ):
+            return [self._after_rejection(submission, _stale(submission, failure))]
+        return None
+
+    @contextlib.contextmanager
+    def _run_locks(self, run_ids: list[str]) -> Iterator[None]:
+        """Per-run mutual exclusion inside this process (the store fences across processes)."""
+        stripes = sorted({hash(run_id) % len(self._stripes) for run_id in run_ids})
+        with contextlib.ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._stripes[stripe])
+            yield
+
+    def _after_rejection(self, submission: Submission, rejection: errors.Rejection) -> Verdict:
+        """A rejected retry of an accepted submission is still a duplicate: look before rejecting."""
+        recorded = self.recorder.select_submission(submission.submission_id)  # type: ignore[attr-defined]
+        if recorded is not None:
+            return self._duplicate_or_conflict(submission, recorded)
+        return _rejected(submission, rejection)
+
+    def _duplicate_or_conflict(self, submission: Submission, recorded: SubmissionRow | None = None) -> Verdict:
+        recorded = recorded or self.recorder.select_submission(submission.submission_id)  # type: ignore[attr-defined]
+        assert recorded is not None, "a duplicate submission must have a stored row"
+        if recorded.content_digest == submission_digest(submission) and recorded.run_id == submission.run_id:
+            return Verdict(submission.submission_id, "duplicate", submission.run_id, position=recorded.position)
+        conflict = errors.SubmissionConflict(
+            f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
+        )
+        return _rejected(submission, conflict)
+
+
+def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpoch:
+    msg = (
+        f"{submission.worker!r} at epoch {submission.epoch} does not hold the lease "
+        f"(current epoch {violation.epoch}, holder {violation.holder!r})"
+    )
+    return errors.StaleEpoch(msg, current_epoch=violation.epoch)
+
+
+def _rejected(submission: Submission, error: errors.BatonError) -> Verdict:
+    return Verdict(
+        submission.submission_id,
+        "rejected",
+        submission.run_id,
+        reason=error.reason,
+        message=error.message,
+        current_epoch=getattr(error, "current_epoch", None),
+    )

@@ -1,0 +1,102 @@
+"""The SQLite recorder with the fence in the append transaction.
+
+SQLite has a single writer: the first statement of the append is the run row's compare-and-set
+UPDATE, which takes the write lock before anything is read, so the check and the insert see the
+same database and a concurrent writer waits (busy timeout) instead of interleaving.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
+
+from adapters.eventstore.fenced import (
+    AppendConflict,
+    DuplicateSubmission,
+    FenceViolation,
+    RunRow,
+    SubmissionRow,
+    sorted_fences,
+)
+from domain.fencing import Fence
+
+__all__ = ["FencedSQLiteRecorder"]
+
+
+class FencedSQLiteRecorder(SQLiteApplicationRecorder):
+    def construct_create_table_statements(self) -> list[str]:
+        events = self.events_table_name
+        return [
+            *super().construct_create_table_statements(),
+            "CREATE TABLE IF NOT EXISTS baton_runs (run_id TEXT PRIMARY KEY, head INTEGER NOT NULL, "
+            "epoch INTEGER NOT NULL, holder TEXT, expires_at INTEGER, stage TEXT NOT NULL, status TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS baton_submissions (submission_id TEXT PRIMARY KEY, "
+            "run_id TEXT NOT NULL, content_digest TEXT NOT NULL, position INTEGER NOT NULL)",
+            *(
+                f"CREATE TRIGGER IF NOT EXISTS {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+                for table in (events, "baton_submissions")
+                for verb in ("UPDATE", "DELETE")
+            ),
+        ]
+
+    def _insert_events(
+        self,
+        c: SQLiteCursor,
+        stored_events: Sequence[StoredEvent],
+        *,
+        fences: Sequence[Fence] = (),
+        submissions: Sequence[SubmissionRow] = (),
+        **kwargs: Any,
+    ) -> Sequence[int] | None:
+        for fence in sorted_fences(fences):
+            self._apply_fence(c, fence)
+        for row in submissions:
+            try:
+                c.execute(
+                    "INSERT INTO baton_submissions VALUES (?,?,?,?)",
+                    (row.submission_id, row.run_id, row.content_digest, row.position),
+                )
+            except sqlite3.IntegrityError:
+                raise DuplicateSubmission(row.submission_id) from None
+        try:
+            return super()._insert_events(c, stored_events, **kwargs)
+        except sqlite3.IntegrityError as exc:
+            raise AppendConflict(str(exc)) from None
+
+    @staticmethod
+    def _apply_fence(c: SQLiteCursor, f: Fence) -> None:
+        new = (f.new_head, f.new_epoch, f.new_holder, f.new_expires_at, f.stage, f.status)
+        if f.expected_head == 0:
+            try:
+                c.execute("INSERT INTO baton_runs VALUES (?,?,?,?,?,?,?)", (f.run_id, *new))
+            except sqlite3.IntegrityError:
+                raise AppendConflict(f"run {f.run_id!r} was opened concurrently") from None
+            return
+        c.execute(
+            "UPDATE baton_runs SET head=?, epoch=?, holder=?, expires_at=?, stage=?, status=? "
+            "WHERE run_id=? AND head=? AND epoch=? AND holder IS ? RETURNING head",
+            (*new, f.run_id, f.expected_head, f.expected_epoch, f.expected_holder),
+        )
+        if c.fetchone() is not None:
+            return
+        c.execute("SELECT head, epoch, holder FROM baton_runs WHERE run_id=?", (f.run_id,))
+        current = c.fetchone()
+        if current is None:
+            raise AppendConflict(f"run {f.run_id!r} has no run row")
+        raise FenceViolation(f.run_id, current["head"], current["epoch"], current["holder"])
+
+    def select_runs(self) -> list[RunRow]:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute("SELECT * FROM baton_runs ORDER BY run_id")
+            return [RunRow(**dict(row)) for row in c.fetchall()]
+
+    def select_submission(self, submission_id: str) -> SubmissionRow | None:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute("SELECT * FROM baton_submissions WHERE submission_id=?", (submission_id,))
+            row = c.fetchone()
+        return SubmissionRow(**dict(row)) if row is not None else None

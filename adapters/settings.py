@@ -1,0 +1,74 @@
+"""Where the ledger lives: one store URL, validated at the edge and turned into library settings.
+
+``sqlite:///path/to/file.db`` (the embedded default is ``sqlite:///baton.db``) or
+``postgresql://user:password@host:port/dbname`` (``?host=/socket/dir`` for a unix socket).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+__all__ = ["DEFAULT_STORE", "StoreSettings"]
+
+DEFAULT_STORE = "sqlite:///baton.db"
+_RECORDERS = {
+    "sqlite": "adapters.eventstore.sqlite_recorder:FencedSQLiteRecorder",
+    "postgresql": "adapters.eventstore.postgres_recorder:FencedPostgresRecorder",
+}
+
+
+class StoreSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+
+    @classmethod
+    def resolve(cls, url: str | None = None) -> StoreSettings:
+        """``--store`` wins, then ``BATON_STORE``, then the embedded default."""
+        return cls(url=url or os.environ.get("BATON_STORE") or DEFAULT_STORE)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        scheme = urlsplit(url).scheme
+        if scheme not in ("sqlite", "postgresql", "postgres"):
+            msg = f"unsupported store {url!r}: use sqlite:///FILE or postgresql://..."
+            raise ValueError(msg)
+        if scheme == "sqlite" and not urlsplit(url).path.lstrip("/"):
+            msg = f"sqlite store needs a file: sqlite:///FILE, got {url!r}"
+            raise ValueError(msg)
+        return url
+
+    @property
+    def backend(self) -> Literal["sqlite", "postgresql"]:
+        return "sqlite" if urlsplit(self.url).scheme == "sqlite" else "postgresql"
+
+    def env(self, *, create_table: bool) -> dict[str, str]:
+        """The eventsourcing environment for this store."""
+        env = {
+            "ORIGINATOR_ID_TYPE": "text",
+            "CREATE_TABLE": "y" if create_table else "n",
+            "APPLICATION_RECORDER_TOPIC": _RECORDERS[self.backend],
+        }
+        parts = urlsplit(self.url)
+        if self.backend == "sqlite":
+            path = unquote(parts.path)
+            # sqlite:///rel.db -> "rel.db"; sqlite:////abs/path.db -> "/abs/path.db"
+            env |= {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": path[1:]}
+            return env
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        env |= {
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": unquote(parts.path.lstrip("/")) or "postgres",
+            "POSTGRES_HOST": query.get("host") or parts.hostname or "localhost",
+            "POSTGRES_PORT": str(parts.port or query.get("port") or 5432),
+            "POSTGRES_USER": unquote(parts.username or query.get("user") or "postgres"),
+            "POSTGRES_PASSWORD": unquote(parts.password or query.get("password") or ""),
+            "POSTGRES_POOL_SIZE": query.get("pool_size", "4"),
+            "POSTGRES_MAX_OVERFLOW": query.get("max_overflow", "4"),
+        }
+        return env

@@ -1,0 +1,32 @@
+"""Baton's pure domain: events, commands, run state, decisions, budgets and the hash chain.
+
+Imports only the standard library and msgspec, so every rule here is testable without I/O.
+"""
+
+from domain.budgets import Ceilings, Usage
+from domain.chain import ChainReport, seal, verify_chain
+from domain.commands import Command, Submission, Verdict
+from domain.decide import context_digest, decide
+from domain.events import Event, RecordedEvent
+from domain.stages import Stage
+from domain.state import RunState, apply, evolve, fold
+
+__all__ = [
+    "Ceilings",
+    "ChainReport",
+    "Command",
+    "Event",
+    "RecordedEvent",
+    "RunState",
+    "Stage",
+    "Submission",
+    "Usage",
+    "Verdict",
+    "apply",
+    "context_digest",
+    "decide",
+    "evolve",
+    "fold",
+    "seal",
+    "verify_chain",
+]

@@ -1,0 +1,58 @@
+"""The one canonical byte encoding that digests are computed over.
+
+Sorted keys, compact separators, UTF-8, every integer as a decimal string and one trailing newline.
+Integers become strings so that any consumer (JavaScript included) reproduces the bytes without
+64-bit precision loss; floats are refused because they have no single decimal spelling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+__all__ = ["ZERO_DIGEST", "canonical_bytes", "canonical_value", "digest_of", "short"]
+
+ZERO_DIGEST = "sha256:" + "0" * 64
+
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def canonical_value(value: Any) -> Any:
+    """Turn builtins into their canonical shape: ints to decimal strings, no floats."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dict):
+        return {_key(k): canonical_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [canonical_value(v) for v in value]
+    if isinstance(value, float):
+        msg = "floats have no canonical form; use integers (e.g. micro-units) or strings"
+        raise ValueError(msg)
+    msg = f"cannot encode {type(value).__name__} canonically"
+    raise TypeError(msg)
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        msg = f"object keys must be strings, not {type(key).__name__}"
+        raise TypeError(msg)
+    return key
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Encode a Struct or builtins value canonically (see module docstring)."""
+    return _encoder.encode(canonical_value(msgspec.to_builtins(value))) + b"\n"
+
+
+def digest_of(prefix: bytes, data: bytes) -> str:
+    """SHA-256 with a domain-separation prefix, so a digest of one kind never verifies another."""
+    return "sha256:" + hashlib.sha256(prefix + data).hexdigest()
+
+
+def short(digest: str) -> str:
+    """The first 12 hex digits: enough for a human to match lines of a timeline."""
+    return digest.removeprefix("sha256:")[:12]

@@ -1,0 +1,88 @@
+"""The hash chain: how envelopes get their digests, and how a stored log is verified.
+
+Verification reads the *stored bytes* generically (no event classes needed), so an auditor running
+an older or newer release can still check a log, and upcasting never disturbs a digest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of
+from domain.commands import Submission
+from domain.errors import ChainBroken
+from domain.events import Event, RecordedEvent
+
+__all__ = ["EVENT_PREFIX", "ChainReport", "envelope_digest", "seal", "verify_chain"]
+
+EVENT_PREFIX = b"baton.event.v1\x00"
+
+
+def envelope_digest(envelope_without_digest: dict[str, Any]) -> str:
+    """The digest of an envelope given as builtins, with its ``digest`` key absent."""
+    return digest_of(EVENT_PREFIX, canonical_bytes(envelope_without_digest))
+
+
+def seal(
+    run_id: str,
+    head: int,
+    head_digest: str,
+    submission: Submission,
+    epoch: int,
+    bodies: Sequence[Event],
+    now: int,
+) -> list[RecordedEvent]:
+    """Wrap bodies into envelopes at positions ``head+1..``, each chained to the one before."""
+    sealed: list[RecordedEvent] = []
+    prev = head_digest
+    for offset, body in enumerate(bodies, start=1):
+        draft = RecordedEvent(
+            run_id, head + offset, epoch, submission.worker, submission.submission_id, now, prev, body
+        )
+        builtins = msgspec.to_builtins(draft)
+        del builtins["digest"]
+        sealed_event = msgspec.structs.replace(draft, digest=envelope_digest(builtins))
+        sealed.append(sealed_event)
+        prev = sealed_event.digest
+    return sealed
+
+
+class ChainReport(msgspec.Struct, frozen=True):
+    events: int
+    head_digest: str
+
+
+def verify_chain(stored: Iterable[bytes], run_id: str | None = None) -> ChainReport:
+    """Check positions 1..n are contiguous, each links to its predecessor and each digest holds.
+
+    Raises ``ChainBroken`` naming the first position that fails.
+    """
+    prev = ZERO_DIGEST
+    expected = 1
+    for data in stored:
+        try:
+            envelope = msgspec.json.decode(data)
+            if not isinstance(envelope, dict):
+                raise TypeError("not an object")
+            claimed = envelope.pop("digest")
+            position = envelope["position"]
+        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            raise ChainBroken(f"position {expected}: undecodable envelope ({exc})", expected) from None
+        if position != expected:
+            raise ChainBroken(f"position {expected}: found position {position} (gap or reorder)", expected)
+        if run_id is not None and envelope.get("run_id") != run_id:
+            raise ChainBroken(f"position {expected}: belongs to run {envelope.get('run_id')!r}", expected)
+        if envelope.get("prev_digest") != prev:
+            raise ChainBroken(f"position {expected}: prev_digest does not match position {expected - 1}", expected)
+        try:
+            actual = envelope_digest(envelope)
+        except (TypeError, ValueError) as exc:
+            raise ChainBroken(f"position {expected}: not canonically encodable ({exc})", expected) from None
+        if actual != claimed:
+            raise ChainBroken(f"position {expected}: digest mismatch (stored {claimed}, computed {actual})", expected)
+        prev = claimed
+        expected += 1
+    return ChainReport(events=expected - 1, head_digest=prev)

@@ -1,0 +1,149 @@
+"""What a worker asks for: the wire schema of a submission.
+
+One JSON object per submission, the same on stdin (``baton submit``), NATS and Kafka. Unknown
+keys are rejected so that a typo never silently drops a field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from domain.budgets import Ceilings, Usage
+from domain.events import BlobRef, FailureReason, IntentContext, Placement
+from domain.stages import Stage
+
+__all__ = [
+    "AcquireLease",
+    "Command",
+    "CompleteRun",
+    "ExpireLease",
+    "FailRun",
+    "OpenRun",
+    "ReconcileIntent",
+    "RecordIntent",
+    "RecordObservation",
+    "RecordTransition",
+    "ReleaseLease",
+    "RenewLease",
+    "SealCheckpoint",
+    "Submission",
+    "Verdict",
+]
+
+
+class _Command(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class OpenRun(_Command, tag="open_run", frozen=True):
+    release_id: str
+    schema_name: str
+    schema_version: int
+    task_ref: BlobRef
+    ceilings: Ceilings = Ceilings()
+
+
+class AcquireLease(_Command, tag="acquire_lease", frozen=True):
+    placement: Placement
+    ttl_ms: int = 30_000
+
+
+class RenewLease(_Command, tag="renew_lease", frozen=True):
+    ttl_ms: int = 30_000
+
+
+class ReleaseLease(_Command, tag="release_lease", frozen=True):
+    pass
+
+
+class ExpireLease(_Command, tag="expire_lease", frozen=True):
+    """Any worker (or a supervisor) may record that the clock has passed a lease's expiry."""
+
+
+class RecordIntent(_Command, tag="record_intent", frozen=True):
+    op_id: str
+    kind: Literal["effect", "pure"]
+    tool_contract: str
+    context: IntentContext
+    idempotency_key: str
+
+
+class RecordObservation(_Command, tag="record_observation", frozen=True):
+    op_id: str
+    context_digest: str
+    outcome: Literal["ok", "failed"]
+    failure_reason: FailureReason | None = None
+    result: Any = None
+    result_ref: BlobRef | None = None
+    usage: Usage = Usage()
+    evidence_refs: tuple[str, ...] = ()
+
+
+class ReconcileIntent(_Command, tag="reconcile_intent", frozen=True):
+    op_id: str
+    resolution: Literal["applied", "not_applied", "abandoned"]
+    evidence: str
+    result: Any = None
+    result_ref: BlobRef | None = None
+    usage: Usage = Usage()
+
+
+class RecordTransition(_Command, tag="record_transition", frozen=True):
+    to_stage: Stage
+    state_digest: str
+    state_ref: BlobRef | None = None
+
+
+class SealCheckpoint(_Command, tag="seal_checkpoint", frozen=True):
+    checkpoint_id: str
+    state_digest: str
+    state_ref: BlobRef | None = None
+
+
+class CompleteRun(_Command, tag="complete_run", frozen=True):
+    summary: str = ""
+
+
+class FailRun(_Command, tag="fail_run", frozen=True):
+    reason: str
+    detail: str = ""
+
+
+Command = (
+    OpenRun
+    | AcquireLease
+    | RenewLease
+    | ReleaseLease
+    | ExpireLease
+    | RecordIntent
+    | RecordObservation
+    | ReconcileIntent
+    | RecordTransition
+    | SealCheckpoint
+    | CompleteRun
+    | FailRun
+)
+
+
+class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A command plus who sends it, under which epoch, with an id that makes retries safe."""
+
+    submission_id: str
+    run_id: str
+    worker: str
+    command: Command
+    epoch: int = 0
+
+
+class Verdict(msgspec.Struct, frozen=True, omit_defaults=False):
+    """The answer to one submission; ``position`` is the last position it wrote (or wrote before)."""
+
+    submission_id: str
+    verdict: Literal["accepted", "duplicate", "rejected"]
+    run_id: str
+    reason: str | None = None
+    position: int | None = None
+    message: str | None = None
+    current_epoch: int | None = None

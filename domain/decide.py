@@ -1,0 +1,268 @@
+"""``decide(state, submission, now) -> events``: every rule a submission must pass.
+
+Pure: the clock reading is an argument, so lease expiry is judged by the store's injected clock and
+never by a worker's. A rejection raises; nothing about it is ever stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from domain import errors
+from domain.budgets import Usage
+from domain.canonical import canonical_bytes, digest_of
+from domain.commands import (
+    AcquireLease,
+    CompleteRun,
+    ExpireLease,
+    FailRun,
+    OpenRun,
+    ReconcileIntent,
+    RecordIntent,
+    RecordObservation,
+    RecordTransition,
+    ReleaseLease,
+    RenewLease,
+    SealCheckpoint,
+    Submission,
+)
+from domain.events import (
+    CheckpointSealed,
+    Event,
+    IntentContext,
+    IntentReconciled,
+    IntentRecorded,
+    LeaseExpired,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    ObservationRecorded,
+    RunCompleted,
+    RunFailed,
+    RunOpened,
+    TransitionRecorded,
+)
+from domain.stages import Stage, is_legal
+from domain.state import RunState
+
+__all__ = ["MAX_ID_LENGTH", "MAX_INLINE_BYTES", "MAX_TTL_MS", "context_digest", "decide"]
+
+MAX_ID_LENGTH = 200
+MAX_INLINE_BYTES = 64 * 1024
+MAX_TTL_MS = 24 * 3600 * 1000
+_CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
+
+
+def context_digest(context: IntentContext) -> str:
+    """The digest an observation must quote to prove it answers exactly this intent."""
+    return digest_of(_CONTEXT_PREFIX, canonical_bytes(context))
+
+
+def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
+    """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``."""
+    _check_ids(submission)
+    command = submission.command
+    if isinstance(command, OpenRun):
+        return [_open(state, command)]
+    if not state.opened:
+        raise errors.RunNotFound(f"run {submission.run_id!r} does not exist")
+    if state.closed:
+        raise errors.RunClosed(f"run {state.run_id!r} is {state.status}")
+    if isinstance(command, AcquireLease):
+        return _acquire(state, submission, command, now)
+    if isinstance(command, ExpireLease):
+        return _expire(state, now)
+    _check_fence(state, submission, now)
+    if isinstance(command, RenewLease):
+        return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
+    if isinstance(command, ReleaseLease):
+        return [LeaseReleased(submission.worker, state.epoch)]
+    if isinstance(command, RecordIntent):
+        return [_intent(state, command)]
+    if isinstance(command, RecordObservation):
+        return [_observation(state, command)]
+    if isinstance(command, ReconcileIntent):
+        return [_reconcile(state, command)]
+    if isinstance(command, RecordTransition):
+        return [_transition(state, command)]
+    if isinstance(command, SealCheckpoint):
+        _require_settled(state, "seal a checkpoint")
+        return [CheckpointSealed(command.checkpoint_id, state.stage, command.state_digest, command.state_ref)]
+    if isinstance(command, CompleteRun):
+        _require_settled(state, "complete the run")
+        if state.stage is Stage.COMMITTING:
+            raise errors.IllegalTransition("cannot complete while COMMITTING; record COMMITTED first")
+        return [RunCompleted(command.summary)]
+    if isinstance(command, FailRun):
+        return [RunFailed(command.reason, command.detail)]
+    msg = f"unknown command {type(command).__name__}"  # pragma: no cover - the union is closed
+    raise errors.Malformed(msg)  # pragma: no cover
+
+
+def _check_ids(submission: Submission) -> None:
+    for name in ("submission_id", "run_id", "worker"):
+        value = getattr(submission, name)
+        if not value or len(value) > MAX_ID_LENGTH:
+            msg = f"{name} must be 1..{MAX_ID_LENGTH} characters"
+            raise errors.Malformed(msg)
+    if submission.epoch < 0:
+        raise errors.Malformed("epoch cannot be negative")
+
+
+def _ttl_us(ttl_ms: int) -> int:
+    if not 0 < ttl_ms <= MAX_TTL_MS:
+        msg = f"ttl_ms must be in 1..{MAX_TTL_MS}"
+        raise errors.Malformed(msg)
+    return ttl_ms * 1000
+
+
+def _open(state: RunState, command: OpenRun) -> RunOpened:
+    if state.opened:
+        raise errors.RunAlreadyExists(f"run {state.run_id!r} already exists")
+    command.ceilings.validate()
+    if command.schema_version < 0 or command.task_ref.size < 0:
+        raise errors.Malformed("schema_version and task_ref.size cannot be negative")
+    return RunOpened(
+        command.release_id, command.schema_name, command.schema_version, command.task_ref, command.ceilings
+    )
+
+
+def _acquire(state: RunState, submission: Submission, command: AcquireLease, now: int) -> list[Event]:
+    if command.placement.worker != submission.worker:
+        raise errors.Malformed("placement.worker must be the submitting worker")
+    expires_at = now + _ttl_us(command.ttl_ms)
+    events: list[Event] = []
+    lease = state.lease
+    if lease is not None:
+        if now < lease.expires_at:
+            msg = f"lease epoch {lease.epoch} is held by {lease.worker!r} until {lease.expires_at}"
+            raise errors.LeaseHeld(msg)
+        events.append(LeaseExpired(lease.worker, lease.epoch, now))
+    events.append(LeaseGranted(submission.worker, state.epoch + 1, command.placement, expires_at))
+    return events
+
+
+def _expire(state: RunState, now: int) -> list[Event]:
+    lease = state.lease
+    if lease is None:
+        raise errors.NoLease(f"run {state.run_id!r} has no lease to expire")
+    if now < lease.expires_at:
+        raise errors.LeaseHeld(f"lease epoch {lease.epoch} has not expired yet")
+    return [LeaseExpired(lease.worker, lease.epoch, now)]
+
+
+def _check_fence(state: RunState, submission: Submission, now: int) -> None:
+    lease = state.lease
+    if lease is None or submission.epoch != state.epoch or lease.worker != submission.worker:
+        msg = (
+            f"{submission.worker!r} at epoch {submission.epoch} does not hold the lease "
+            f"(current epoch {state.epoch}, holder {state.holder!r})"
+        )
+        raise errors.StaleEpoch(msg, current_epoch=state.epoch)
+    if now >= lease.expires_at:
+        raise errors.LeaseExpired(f"lease epoch {lease.epoch} expired at {lease.expires_at}")
+
+
+def _charged(state: RunState, charge: Usage) -> Usage:
+    state.ceilings.check(state.usage.plus(charge))
+    return charge
+
+
+def _inline_size(value: Any, what: str) -> int:
+    try:
+        size = len(canonical_bytes(value))
+    except (TypeError, ValueError) as exc:
+        raise errors.Malformed(f"{what}: {exc}") from None
+    if size > MAX_INLINE_BYTES:
+        msg = f"{what} is {size} bytes inline; the limit is {MAX_INLINE_BYTES}: store it as a blob"
+        raise errors.PayloadTooLarge(msg)
+    return size
+
+
+def _intent(state: RunState, command: RecordIntent) -> IntentRecorded:
+    if command.op_id in state.operations:
+        raise errors.DuplicateOperation(f"operation {command.op_id!r} already has an intent")
+    if command.kind == "effect":
+        older = sorted(op for op, epoch in state.uncertain.items() if epoch < state.epoch)
+        if older:
+            msg = f"uncertain intents from an earlier epoch must be reconciled first: {older}"
+            raise errors.UncertainIntent(msg)
+    size = _inline_size(command.context.arguments, "arguments")
+    charge = _charged(state, Usage(calls=1, argument_bytes=size))
+    return IntentRecorded(
+        command.op_id,
+        command.kind,
+        command.tool_contract,
+        command.context,
+        context_digest(command.context),
+        command.idempotency_key,
+        charge,
+    )
+
+
+def _result_bytes(result: Any, result_ref: Any) -> int:
+    inline = _inline_size(result, "result") if result is not None else 0
+    return inline + (result_ref.size if result_ref is not None else 0)
+
+
+def _observation(state: RunState, command: RecordObservation) -> ObservationRecorded:
+    op = state.operations.get(command.op_id)
+    if op is None:
+        raise errors.UnknownOperation(f"no intent recorded for operation {command.op_id!r}")
+    if op.status != "uncertain":
+        raise errors.AlreadyObserved(f"operation {command.op_id!r} is already {op.status}")
+    if op.epoch != state.epoch:
+        msg = f"operation {command.op_id!r} was intended at epoch {op.epoch}; reconcile it instead"
+        raise errors.ReconciliationRequired(msg)
+    if command.context_digest != op.context_digest:
+        msg = f"observation quotes {command.context_digest}, intent recorded {op.context_digest}"
+        raise errors.ContextMismatch(msg)
+    if (command.outcome == "failed") != (command.failure_reason is not None):
+        raise errors.Malformed("failure_reason is required exactly when outcome is 'failed'")
+    reported = command.usage
+    reported.validate()
+    if reported.calls or reported.argument_bytes or reported.iterations or reported.stages:
+        raise errors.Malformed("an observation may report only fuel, cost_micros and result_bytes")
+    result_bytes = max(_result_bytes(command.result, command.result_ref), reported.result_bytes)
+    charge = _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
+    return ObservationRecorded(
+        command.op_id,
+        command.context_digest,
+        command.outcome,
+        charge,
+        command.failure_reason,
+        command.result,
+        command.result_ref,
+        command.evidence_refs,
+    )
+
+
+def _reconcile(state: RunState, command: ReconcileIntent) -> IntentReconciled:
+    op = state.operations.get(command.op_id)
+    if op is None:
+        raise errors.UnknownOperation(f"no intent recorded for operation {command.op_id!r}")
+    if op.status != "uncertain":
+        raise errors.AlreadyObserved(f"operation {command.op_id!r} is already {op.status}")
+    if not command.evidence:
+        raise errors.Malformed("reconciliation needs evidence")
+    reported = command.usage
+    reported.validate()
+    result_bytes = _result_bytes(command.result, command.result_ref)
+    charge = _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
+    return IntentReconciled(
+        command.op_id, command.resolution, command.evidence, charge, command.result, command.result_ref
+    )
+
+
+def _transition(state: RunState, command: RecordTransition) -> TransitionRecorded:
+    if not is_legal(state.stage, command.to_stage):
+        raise errors.IllegalTransition(f"{state.stage} -> {command.to_stage} is not a legal move")
+    rework = 1 if command.to_stage is Stage.GENERATING else 0
+    charge = _charged(state, Usage(stages=1, iterations=rework))
+    return TransitionRecorded(state.stage, command.to_stage, command.state_digest, charge, command.state_ref)
+
+
+def _require_settled(state: RunState, action: str) -> None:
+    if state.uncertain:
+        msg = f"cannot {action} with uncertain intents: {sorted(state.uncertain)}"
+        raise errors.UncertainIntent(msg)

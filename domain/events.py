@@ -1,0 +1,223 @@
+"""The run's events: immutable facts, each wrapped in a hash-chained envelope.
+
+Evolution rules (see docs/events.md): a new field gets a default; an existing field never changes
+type or meaning; a breaking change bumps ``class_version`` and adds an ``upcast_vN_vN+1`` static
+method that rewrites the stored dict before decoding. Stored bytes and digests are never rewritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from domain.budgets import Ceilings, Usage
+from domain.stages import Stage
+
+__all__ = [
+    "EVENT_TYPES",
+    "BlobRef",
+    "CheckpointSealed",
+    "Event",
+    "IntentContext",
+    "IntentReconciled",
+    "IntentRecorded",
+    "LeaseExpired",
+    "LeaseGranted",
+    "LeaseReleased",
+    "LeaseRenewed",
+    "ObservationRecorded",
+    "Placement",
+    "RecordedEvent",
+    "RunCompleted",
+    "RunFailed",
+    "RunOpened",
+    "TransitionRecorded",
+]
+
+FailureReason = Literal[
+    "timeout",
+    "tool_error",
+    "rejected_by_host",
+    "invalid_arguments",
+    "permission_denied",
+    "unavailable",
+    "cancelled",
+]
+
+
+class BlobRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A content-addressed payload kept outside the log: the event holds only this."""
+
+    digest: str
+    size: int
+    uri: str = ""
+
+
+class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a lease holder runs and what it can honour."""
+
+    worker: str
+    model: str = ""
+    provider: str = ""
+    region: str = ""
+    capabilities: tuple[str, ...] = ()
+    tool_contracts: tuple[str, ...] = ()
+
+
+class IntentContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything an intent depends on; a replayed intent must reproduce it byte for byte."""
+
+    turn: int
+    operation: str
+    effect: str = ""
+    authorization: str = ""
+    state_digest: str = ""
+    proposal_digest: str = ""
+    arguments: dict[str, Any] = {}
+
+
+class _Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
+    class_version: ClassVar[int] = 1
+
+
+class RunOpened(_Event, tag=True, frozen=True):
+    release_id: str
+    schema_name: str
+    schema_version: int
+    task_ref: BlobRef
+    ceilings: Ceilings = Ceilings()
+
+
+class LeaseGranted(_Event, tag=True, frozen=True):
+    worker: str
+    epoch: int
+    placement: Placement
+    expires_at: int
+
+
+class LeaseRenewed(_Event, tag=True, frozen=True):
+    worker: str
+    epoch: int
+    expires_at: int
+
+
+class LeaseReleased(_Event, tag=True, frozen=True):
+    worker: str
+    epoch: int
+
+
+class LeaseExpired(_Event, tag=True, frozen=True):
+    worker: str
+    epoch: int
+    expired_at: int
+
+
+class IntentRecorded(_Event, tag=True, frozen=True):
+    op_id: str
+    kind: Literal["effect", "pure"]
+    tool_contract: str
+    context: IntentContext
+    context_digest: str
+    idempotency_key: str
+    charge: Usage
+
+
+class ObservationRecorded(_Event, tag=True, frozen=True):
+    op_id: str
+    context_digest: str
+    outcome: Literal["ok", "failed"]
+    charge: Usage
+    failure_reason: FailureReason | None = None
+    result: Any = None
+    result_ref: BlobRef | None = None
+    evidence_refs: tuple[str, ...] = ()
+
+
+class IntentReconciled(_Event, tag=True, frozen=True):
+    op_id: str
+    resolution: Literal["applied", "not_applied", "abandoned"]
+    evidence: str
+    charge: Usage = Usage()
+    result: Any = None
+    result_ref: BlobRef | None = None
+
+
+class TransitionRecorded(_Event, tag=True, frozen=True):
+    from_stage: Stage
+    to_stage: Stage
+    state_digest: str
+    charge: Usage
+    state_ref: BlobRef | None = None
+
+
+class CheckpointSealed(_Event, tag=True, frozen=True):
+    checkpoint_id: str
+    stage: Stage
+    state_digest: str
+    state_ref: BlobRef | None = None
+
+
+class RunCompleted(_Event, tag=True, frozen=True):
+    summary: str = ""
+
+
+class RunFailed(_Event, tag=True, frozen=True):
+    reason: str
+    detail: str = ""
+
+
+Event = (
+    RunOpened
+    | LeaseGranted
+    | LeaseRenewed
+    | LeaseReleased
+    | LeaseExpired
+    | IntentRecorded
+    | ObservationRecorded
+    | IntentReconciled
+    | TransitionRecorded
+    | CheckpointSealed
+    | RunCompleted
+    | RunFailed
+)
+
+EVENT_TYPES: dict[str, type[_Event]] = {
+    cls.__name__: cls
+    for cls in (
+        RunOpened,
+        LeaseGranted,
+        LeaseRenewed,
+        LeaseReleased,
+        LeaseExpired,
+        IntentRecorded,
+        ObservationRecorded,
+        IntentReconciled,
+        TransitionRecorded,
+        CheckpointSealed,
+        RunCompleted,
+        RunFailed,
+    )
+}
+
+
+class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The envelope that is stored: who wrote what, where in the run, chained to its predecessor.
+
+    ``digest`` covers every other field (see ``domain.chain``); ``recorded_at`` is microseconds since
+    the epoch, taken from the store's injected clock, never from the worker.
+    """
+
+    run_id: str
+    position: int
+    epoch: int
+    worker: str
+    submission_id: str
+    recorded_at: int
+    prev_digest: str
+    body: Event
+    digest: str = ""
+
+    @property
+    def type(self) -> str:
+        return type(self.body).__name__

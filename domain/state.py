@@ -1,0 +1,151 @@
+"""The write-side state of one run, and the fold that rebuilds it from recorded events.
+
+``apply`` mutates a state the caller owns; ``evolve`` and ``fold`` never touch their input (they
+copy once, then apply in place), which keeps a 100k-event fold linear instead of quadratic.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from domain.budgets import Ceilings, Usage
+from domain.canonical import ZERO_DIGEST
+from domain.events import (
+    CheckpointSealed,
+    IntentReconciled,
+    IntentRecorded,
+    LeaseExpired,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    ObservationRecorded,
+    Placement,
+    RecordedEvent,
+    RunCompleted,
+    RunFailed,
+    RunOpened,
+    TransitionRecorded,
+)
+from domain.stages import Stage
+
+__all__ = ["Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
+
+OpStatus = Literal["uncertain", "observed", "failed", "reconciled"]
+
+
+class Lease(msgspec.Struct, frozen=True):
+    worker: str
+    epoch: int
+    expires_at: int
+    placement: Placement
+
+
+class OpRecord(msgspec.Struct):
+    op_id: str
+    kind: Literal["effect", "pure"]
+    context_digest: str
+    epoch: int
+    intent_position: int
+    status: OpStatus = "uncertain"
+    outcome_position: int | None = None
+
+
+class RunState(msgspec.Struct):
+    run_id: str
+    version: int = 0
+    head_digest: str = ZERO_DIGEST
+    opened: bool = False
+    release_id: str = ""
+    schema_name: str = ""
+    schema_version: int = 0
+    ceilings: Ceilings = Ceilings()
+    usage: Usage = Usage()
+    stage: Stage = Stage.GENERATING
+    epoch: int = 0
+    lease: Lease | None = None
+    status: Literal["open", "completed", "failed"] = "open"
+    operations: dict[str, OpRecord] = {}
+    uncertain: dict[str, int] = {}
+    last_checkpoint_id: str | None = None
+
+    @property
+    def holder(self) -> str | None:
+        return self.lease.worker if self.lease else None
+
+    @property
+    def closed(self) -> bool:
+        return self.status != "open"
+
+
+def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
+    """Advance ``state`` in place by one recorded event (the caller owns ``state``)."""
+    state.version = recorded.position
+    state.head_digest = recorded.digest
+    body = recorded.body
+    if isinstance(body, RunOpened):
+        state.opened = True
+        state.release_id = body.release_id
+        state.schema_name = body.schema_name
+        state.schema_version = body.schema_version
+        state.ceilings = body.ceilings
+    elif isinstance(body, LeaseGranted):
+        state.epoch = body.epoch
+        state.lease = Lease(body.worker, body.epoch, body.expires_at, body.placement)
+    elif isinstance(body, LeaseRenewed):
+        if state.lease is not None:
+            state.lease = msgspec.structs.replace(state.lease, expires_at=body.expires_at)
+    elif isinstance(body, LeaseReleased | LeaseExpired):
+        state.lease = None
+    elif isinstance(body, IntentRecorded):
+        state.usage = state.usage.plus(body.charge)
+        state.operations[body.op_id] = OpRecord(
+            body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position
+        )
+        state.uncertain[body.op_id] = recorded.epoch
+    elif isinstance(body, ObservationRecorded):
+        state.usage = state.usage.plus(body.charge)
+        _settle(state, body.op_id, "observed" if body.outcome == "ok" else "failed", recorded)
+    elif isinstance(body, IntentReconciled):
+        state.usage = state.usage.plus(body.charge)
+        _settle(state, body.op_id, "reconciled", recorded)
+    elif isinstance(body, TransitionRecorded):
+        state.usage = state.usage.plus(body.charge)
+        state.stage = body.to_stage
+    elif isinstance(body, CheckpointSealed):
+        state.last_checkpoint_id = body.checkpoint_id
+    elif isinstance(body, RunCompleted):
+        state.status = "completed"
+        state.lease = None
+    elif isinstance(body, RunFailed):
+        state.status = "failed"
+        state.lease = None
+
+
+def _settle(state: RunState, op_id: str, status: OpStatus, recorded: RecordedEvent) -> None:
+    op = state.operations[op_id]
+    op.status = status
+    op.outcome_position = recorded.position
+    state.uncertain.pop(op_id, None)
+
+
+def _own(state: RunState) -> RunState:
+    return copy.deepcopy(state)
+
+
+def evolve(state: RunState, recorded: RecordedEvent) -> RunState:
+    """The state after one more event; ``state`` itself is left unchanged."""
+    return fold([recorded], state)
+
+
+def fold(events: Iterable[RecordedEvent], state: RunState | None = None, *, run_id: str = "") -> RunState:
+    """Fold events onto a copy of ``state`` (or a fresh one): pure from the caller's side."""
+    current = _own(state) if state is not None else None
+    for recorded in events:
+        if current is None:
+            current = RunState(run_id=recorded.run_id)
+        apply(current, recorded)
+    return current if current is not None else RunState(run_id=run_id)
