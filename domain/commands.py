@@ -140,9 +140,9 @@ class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verdict(msgspec.Struct, frozen=True, omit_defaults=False):
     """The answer to one submission; ``position`` is the last position it wrote (or wrote before)."""
 
-    submission_id: str
+    submission_id: str | None
     verdict: Literal["accepted", "duplicate", "rejected"]
-    run_id: str
+    run_id: str | None
     reason: str | None = None
     position: int | None = None
     message: str | None = None

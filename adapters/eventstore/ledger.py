@@ -69,8 +69,8 @@ class RunLedger(Application[str]):
     def stored(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Sequence[StoredEvent]:
         return self.recorder.select_events(run_id, gt=after or None, lte=upto)
 
-    def history(self, run_id: str, *, upto: int | None = None) -> Iterator[RecordedEvent]:
-        for stored in self.stored(run_id, upto=upto):
+    def history(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[RecordedEvent]:
+        for stored in self.stored(run_id, after=after, upto=upto):
             yield decode_recorded(stored.topic, stored.state)
 
     def state(self, run_id: str) -> RunState:

@@ -1,0 +1,131 @@
+"""The ``baton`` command line, run as a user would: a real process on a real embedded store."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OPEN = {
+    "type": "open_run",
+    "release_id": "rel-1",
+    "schema_name": "agent-state",
+    "schema_version": 1,
+    "task_ref": {"digest": "sha256:00", "size": 1},
+}
+
+
+def baton(
+    cwd: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "BATON_STORE"} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        check=False,
+    )
+
+
+def lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_demo_runs_on_the_embedded_default_and_rejects_the_stale_worker(tmp_path: Path) -> None:
+    """Given an empty directory, when `baton demo` runs, then it exits 0 with a stale_epoch refusal and a
+    committed run in ./baton.db that `runs` and `history` can read."""
+    result = baton(tmp_path, "demo")
+    assert result.returncode == 0, result.stderr
+    assert "REJECTED: stale_epoch" in result.stdout
+    assert (tmp_path / "baton.db").exists()
+    runs = lines(baton(tmp_path, "runs", "--json").stdout)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run["stage"] == "COMMITTED"
+    assert run["epoch"] == 2
+    assert run["events"] == 22
+    history = lines(baton(tmp_path, "history", str(run["run_id"]), "--json").stdout)
+    assert [h["position"] for h in history] == list(range(1, 23))
+    for earlier, later in itertools.pairwise(history):
+        assert later["prev_digest"] == earlier["digest"]
+    after_takeover = next(h["position"] for h in history if h["type"] == "LeaseGranted" and h["epoch"] == 2)
+    assert all(h["epoch"] == 2 for h in history if int(str(h["position"])) > int(str(after_takeover)))
+    assert {"position", "type", "epoch", "worker", "digest", "prev_digest", "recorded_at"} <= set(history[0])
+    assert baton(tmp_path, "verify", str(run["run_id"])).returncode == 0
+
+
+def test_submit_gives_one_verdict_per_line_and_survives_malformed_lines(tmp_path: Path) -> None:
+    """Given JSON Lines with a good, a duplicate, a conflicting, a broken and a stale submission, when piped
+    into `baton submit`, then each gets its verdict and the process keeps going."""
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    acquire = {"type": "acquire_lease", "placement": {"worker": "w1"}, "ttl_ms": 60000}
+    conflicting = {**OPEN, "release_id": "rel-2"}
+    stale = {"type": "renew_lease"}
+    submissions = [
+        {"submission_id": "s1", "run_id": "r1", "worker": "w1", "command": OPEN},
+        {"submission_id": "s1", "run_id": "r1", "worker": "w1", "command": OPEN},
+        {"submission_id": "s1", "run_id": "r1", "worker": "w1", "command": conflicting},
+        "this is not json",
+        {"submission_id": "s2", "run_id": "r1", "worker": "w1", "command": acquire},
+        {"submission_id": "s3", "run_id": "r1", "worker": "w1", "epoch": 7, "command": stale},
+        {"submission_id": "s4", "run_id": "r1", "worker": "w1", "command": {"type": "no_such_command"}},
+    ]
+    stdin = "\n".join(s if isinstance(s, str) else json.dumps(s) for s in submissions) + "\n"
+    result = baton(tmp_path, "submit", "--store", store, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    verdicts = lines(result.stdout)
+    assert [(v["verdict"], v["reason"], v["position"]) for v in verdicts] == [
+        ("accepted", None, 1),
+        ("duplicate", None, 1),
+        ("rejected", "submission_conflict", None),
+        ("rejected", "malformed", None),
+        ("accepted", None, 2),
+        ("rejected", "stale_epoch", None),
+        ("rejected", "malformed", None),
+    ]
+    assert verdicts[5]["current_epoch"] == 1
+    assert {"submission_id", "verdict", "reason", "run_id", "position"} <= set(verdicts[0])
+    assert len(lines(baton(tmp_path, "history", "r1", "--json", "--store", store).stdout)) == 2
+
+
+def test_store_url_comes_from_the_environment_when_no_flag_is_given(tmp_path: Path) -> None:
+    """Given BATON_STORE, when a command runs without --store, then it uses that store, not ./baton.db."""
+    store = f"sqlite:///{tmp_path / 'env.db'}"
+    assert baton(tmp_path, "store", "init", env={"BATON_STORE": store}).returncode == 0
+    assert (tmp_path / "env.db").exists()
+    assert not (tmp_path / "baton.db").exists()
+
+
+def test_uninitialised_store_is_a_clear_error(tmp_path: Path) -> None:
+    """Given a store nobody initialised, when `baton runs` reads it, then it exits 3 and says how to fix it."""
+    result = baton(tmp_path, "runs", "--store", f"sqlite:///{tmp_path / 'none.db'}")
+    assert result.returncode == 3
+    assert "baton store init" in result.stderr
+
+
+@pytest.mark.parametrize("what", ["submission", "verdict", "event"])
+def test_schema_prints_a_json_schema(tmp_path: Path, what: str) -> None:
+    """Given the wire types, when `baton schema` runs, then it prints a JSON Schema document."""
+    result = baton(tmp_path, "schema", what)
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert "$defs" in schema or "properties" in schema
+
+
+def test_demo_runs_on_postgres(tmp_path: Path, postgres_url: str) -> None:
+    """Given a PostgreSQL store, when `baton demo --store URL` runs, then the same story holds there."""
+    result = baton(tmp_path, "demo", "--store", postgres_url)
+    assert result.returncode == 0, result.stderr
+    assert "REJECTED: stale_epoch" in result.stdout
+    runs = lines(baton(tmp_path, "runs", "--json", "--store", postgres_url).stdout)
+    assert runs[0]["stage"] == "COMMITTED"
