@@ -85,17 +85,20 @@ class RunLedger(Application[str]):
         rows: list[RunRow] = self.recorder.select_runs()  # type: ignore[attr-defined]
         return rows
 
-    def _current(self, run_id: str) -> RunState:
-        """Cached state caught up with the store; owned by the ledger, never handed out.
+    def _current(self, run_id: str, *, refresh: bool = True) -> RunState:
+        """Cached state, caught up with the store unless ``refresh`` is off; owned by the ledger.
 
         Callers that change it hold the run's stripe lock, and drop it from the cache on failure.
+        Skipping the catch-up read is safe for appends: the fence rejects a decision made on a
+        stale state, and the ledger then refreshes and decides again.
         """
         with self._lock:
             state = self._states.pop(run_id, None)
         if state is None:
-            state = RunState(run_id=run_id)
-        for stored in self.stored(run_id, after=state.version):
-            apply(state, decode_recorded(stored.topic, stored.state))
+            state, refresh = RunState(run_id=run_id), True
+        if refresh:
+            for stored in self.stored(run_id, after=state.version):
+                apply(state, decode_recorded(stored.topic, stored.state))
         with self._lock:
             self._states[run_id] = state
             while len(self._states) > _CACHE_SIZE:
@@ -110,8 +113,8 @@ class RunLedger(Application[str]):
 
     def submit(self, submission: Submission) -> Verdict:
         """Decide and append one submission; always returns a verdict, never half-writes."""
-        for _ in range(_MAX_ATTEMPTS):
-            verdict = self._attempt([submission])
+        for attempt in range(_MAX_ATTEMPTS):
+            verdict = self._attempt([submission], refresh=attempt > 0)
             if verdict is not None:
                 return verdict[0]
         return _rejected(submission, errors.ConcurrencyConflict("gave up after repeated concurrent changes"))
@@ -123,22 +126,26 @@ class RunLedger(Application[str]):
         every submission still gets exactly the verdict it would have had alone.
         """
         if 0 < len(submissions) <= MAX_EVENTS_PER_APPEND // 2:
-            verdicts = self._attempt(list(submissions), all_or_nothing=True)
+            verdicts = self._attempt(list(submissions), all_or_nothing=True, refresh=False)
             if verdicts is not None:
                 return verdicts
         return [self.submit(s) for s in submissions]
 
-    def _attempt(self, batch: list[Submission], *, all_or_nothing: bool = False) -> list[Verdict] | None:
-        """One try: verdicts, or None when the caller should reload and try again."""
+    def _attempt(self, batch: list[Submission], *, refresh: bool, all_or_nothing: bool = False) -> list[Verdict] | None:
+        """One try: verdicts, or None when the caller should refresh and try again.
+
+        Without ``refresh`` the cached state is trusted for the decision; a rejection decided on
+        it is not trusted (the cache may be behind): the caller refreshes and decides again.
+        """
         run_ids = sorted({s.run_id for s in batch})
         with self._run_locks(run_ids):
-            return self._attempt_locked(batch, run_ids, all_or_nothing=all_or_nothing)
+            return self._attempt_locked(batch, run_ids, refresh=refresh, all_or_nothing=all_or_nothing)
 
     def _attempt_locked(
-        self, batch: list[Submission], run_ids: list[str], *, all_or_nothing: bool
+        self, batch: list[Submission], run_ids: list[str], *, refresh: bool, all_or_nothing: bool
     ) -> list[Verdict] | None:
         now = self.clock.now()
-        states = {run_id: self._current(run_id) for run_id in run_ids}
+        states = {run_id: self._current(run_id, refresh=refresh) for run_id in run_ids}
         before = {run_id: msgspec.structs.replace(state) for run_id, state in states.items()}
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
@@ -150,7 +157,9 @@ class RunLedger(Application[str]):
             except errors.Rejection as rejection:
                 for run_id in run_ids:
                     self._forget(run_id)  # earlier submissions of the batch were applied in place
-                return None if all_or_nothing else [self._after_rejection(submission, rejection)]
+                if all_or_nothing or not refresh:
+                    return None
+                return [self._after_rejection(submission, rejection)]
             epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), state.epoch)
             for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
                 apply(state, recorded)
