@@ -22,7 +22,7 @@ from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
 from domain.canonical import short
 from domain.commands import Submission, Verdict
-from domain.errors import BatonError, ChainBroken
+from domain.errors import BatonError, ChainBroken, StoreUnavailable
 from domain.events import RecordedEvent
 
 __all__ = ["EXIT_CODES", "main"]
@@ -30,6 +30,7 @@ __all__ = ["EXIT_CODES", "main"]
 # One table from error to exit code; anything else is a bug and exits 70 (EX_SOFTWARE).
 EXIT_CODES: dict[type[BaseException], int] = {
     ChainBroken: 4,
+    StoreUnavailable: 3,
     BatonError: 1,
     ValidationError: 2,
     PersistenceError: 3,

@@ -1,8 +1,11 @@
 """The one canonical byte encoding that digests are computed over.
 
-Sorted keys, compact separators, UTF-8, every integer as a decimal string and one trailing newline.
-Integers become strings so that any consumer (JavaScript included) reproduces the bytes without
-64-bit precision loss; floats are refused because they have no single decimal spelling.
+Sorted keys, compact separators, UTF-8, one trailing newline, and every integer of the schema
+(counters, sizes, positions, epochs, times) written as a decimal string, so any consumer
+(JavaScript included) reproduces the bytes without 64-bit precision loss. Opaque payloads (the
+values under ``OPAQUE_KEYS``: tool arguments and results) keep JSON numbers, because there the
+type is data: ``1`` and ``"1"`` must not hash alike. Floats are refused everywhere: they have no
+single decimal spelling.
 """
 
 from __future__ import annotations
@@ -12,23 +15,25 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["ZERO_DIGEST", "canonical_bytes", "canonical_value", "digest_of", "short"]
+__all__ = ["OPAQUE_KEYS", "ZERO_DIGEST", "canonical_bytes", "canonical_value", "digest_of", "short"]
+
+OPAQUE_KEYS = frozenset({"arguments", "result"})
 
 ZERO_DIGEST = "sha256:" + "0" * 64
 
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
-def canonical_value(value: Any) -> Any:
-    """Turn builtins into their canonical shape: ints to decimal strings, no floats."""
+def canonical_value(value: Any, *, opaque: bool = False) -> Any:
+    """Turn builtins into their canonical shape: schema ints to decimal strings, no floats."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
-        return str(value)
+        return value if opaque else str(value)
     if isinstance(value, dict):
-        return {_key(k): canonical_value(v) for k, v in value.items()}
+        return {_key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [canonical_value(v) for v in value]
+        return [canonical_value(v, opaque=opaque) for v in value]
     if isinstance(value, float):
         msg = "floats have no canonical form; use integers (e.g. micro-units) or strings"
         raise ValueError(msg)

@@ -17,9 +17,11 @@ __all__ = ["Fence", "fence_for"]
 class Fence(msgspec.Struct, frozen=True):
     run_id: str
     expected_head: int
+    expected_head_digest: str
     expected_epoch: int
     expected_holder: str | None
     new_head: int
+    new_head_digest: str
     new_epoch: int
     new_holder: str | None
     new_expires_at: int | None
@@ -32,9 +34,11 @@ def fence_for(before: RunState, after: RunState) -> Fence:
     return Fence(
         run_id=after.run_id,
         expected_head=before.version,
+        expected_head_digest=before.head_digest,
         expected_epoch=before.epoch,
         expected_holder=before.holder,
         new_head=after.version,
+        new_head_digest=after.head_digest,
         new_epoch=after.epoch,
         new_holder=after.holder,
         new_expires_at=after.lease.expires_at if after.lease else None,

@@ -39,6 +39,7 @@ class RunRow(msgspec.Struct, frozen=True):
 
     run_id: str
     head: int
+    head_digest: str
     epoch: int
     holder: str | None
     expires_at: int | None

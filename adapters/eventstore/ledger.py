@@ -9,14 +9,16 @@ A retry of an accepted submission returns the original verdict; a fence failure 
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import Mapper, StoredEvent
+from eventsourcing.persistence import InterfaceError, Mapper, OperationalError, StoredEvent
 
 from adapters.clock import Clock, SystemClock
 from adapters.eventstore.fenced import (
@@ -33,6 +35,7 @@ from domain.canonical import canonical_bytes, digest_of
 from domain.chain import ChainReport, seal, verify_chain
 from domain.commands import AcquireLease, ExpireLease, OpenRun, Submission, Verdict
 from domain.decide import decide
+from domain.errors import ChainBroken
 from domain.events import LeaseGranted, RecordedEvent
 from domain.fencing import fence_for
 from domain.state import RunState, apply, fold
@@ -41,7 +44,7 @@ __all__ = ["RunLedger", "submission_digest"]
 
 _SUBMISSION_PREFIX = b"baton.submission.v1\x00"
 _UNFENCED = (OpenRun, AcquireLease, ExpireLease)
-_MAX_ATTEMPTS = 8
+_MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
 
 
@@ -79,7 +82,22 @@ class RunLedger(Application[str]):
             return fold([], self._current(run_id))
 
     def verify(self, run_id: str) -> ChainReport:
-        return verify_chain((s.state for s in self.stored(run_id)), run_id=run_id)
+        """Verify the chain, then anchor it to the run row: a cut-off tail leaves a valid but short chain.
+
+        The run row is written in the same transaction as every append, so it is an independent
+        witness of the head; an auditor who also anchors head digests elsewhere (issue 7) closes
+        the remaining gap of an attacker who rewrites both.
+        """
+        report = verify_chain((s.state for s in self.stored(run_id)), run_id=run_id)
+        row: RunRow | None = self.recorder.select_run(run_id)  # type: ignore[attr-defined]
+        if row is not None and (report.events, report.head_digest) != (row.head, row.head_digest):
+            missing = report.events + 1 if report.events < row.head else row.head
+            msg = (
+                f"position {missing}: the log ends at {report.events} ({report.head_digest}) but the run row "
+                f"records head {row.head} ({row.head_digest})"
+            )
+            raise ChainBroken(msg, missing)
+        return report
 
     def runs(self) -> list[RunRow]:
         rows: list[RunRow] = self.recorder.select_runs()  # type: ignore[attr-defined]
@@ -112,8 +130,14 @@ class RunLedger(Application[str]):
     # -- writing -----------------------------------------------------------------------------
 
     def submit(self, submission: Submission) -> Verdict:
-        """Decide and append one submission; always returns a verdict, never half-writes."""
+        """Decide and append one submission: a verdict, or ``StoreUnavailable``; never a half-write.
+
+        A lost race is retried with jittered exponential backoff, so competing writers (a takeover
+        against a busy old owner) interleave instead of starving one another.
+        """
         for attempt in range(_MAX_ATTEMPTS):
+            if attempt > 1:
+                time.sleep(random.uniform(0, min(0.064, 0.001 * 2**attempt)))
             verdict = self._attempt([submission], refresh=attempt > 0)
             if verdict is not None:
                 return verdict[0]
@@ -155,8 +179,7 @@ class RunLedger(Application[str]):
             try:
                 bodies = decide(state, submission, now)
             except errors.Rejection as rejection:
-                for run_id in run_ids:
-                    self._forget(run_id)  # earlier submissions of the batch were applied in place
+                self._forget_all(run_ids)  # earlier submissions of the batch were applied in place
                 if all_or_nothing or not refresh:
                     return None
                 return [self._after_rejection(submission, rejection)]
@@ -172,10 +195,19 @@ class RunLedger(Application[str]):
         try:
             self.events.put(pending, fences=fences, submissions=rows)
         except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
-            for run_id in run_ids:
-                self._forget(run_id)
+            self._forget_all(run_ids)
             return None if all_or_nothing else self._after_failed_append(batch[0], failure)
+        except (OperationalError, InterfaceError) as exc:
+            self._forget_all(run_ids)
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
+        except BaseException:
+            self._forget_all(run_ids)  # the cached states hold events that were never stored
+            raise
         return verdicts
+
+    def _forget_all(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            self._forget(run_id)
 
     def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
         if isinstance(failure, DuplicateSubmission):

@@ -35,9 +35,11 @@ _FENCE_SQLSTATE = "23F01"
 _FENCE_FIELDS = (
     "run_id",
     "expected_head",
+    "expected_head_digest",
     "expected_epoch",
     "expected_holder",
     "new_head",
+    "new_head_digest",
     "new_epoch",
     "new_holder",
     "new_expires_at",
@@ -47,22 +49,25 @@ _FENCE_FIELDS = (
 
 _FENCE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_fence(
-    p_run text, p_head bigint, p_epoch bigint, p_holder text, p_new_head bigint, p_new_epoch bigint,
-    p_new_holder text, p_expires bigint, p_stage text, p_status text) RETURNS void
+    p_run text, p_head bigint, p_head_digest text, p_epoch bigint, p_holder text, p_new_head bigint,
+    p_new_head_digest text, p_new_epoch bigint, p_new_holder text, p_expires bigint, p_stage text,
+    p_status text) RETURNS void
 LANGUAGE plpgsql AS $fence$
 DECLARE cur record;
 BEGIN
     IF p_head = 0 THEN
         INSERT INTO {schema}.baton_runs
-        VALUES (p_run, p_new_head, p_new_epoch, p_new_holder, p_expires, p_stage, p_status);
+        VALUES (p_run, p_new_head, p_new_head_digest, p_new_epoch, p_new_holder, p_expires, p_stage, p_status);
         RETURN;
     END IF;
-    SELECT head, epoch, holder INTO cur FROM {schema}.baton_runs WHERE run_id = p_run FOR UPDATE;
-    IF NOT FOUND OR cur.head <> p_head OR cur.epoch <> p_epoch OR cur.holder IS DISTINCT FROM p_holder THEN
+    SELECT head, head_digest, epoch, holder INTO cur FROM {schema}.baton_runs WHERE run_id = p_run FOR UPDATE;
+    IF NOT FOUND OR cur.head <> p_head OR cur.head_digest <> p_head_digest OR cur.epoch <> p_epoch
+            OR cur.holder IS DISTINCT FROM p_holder THEN
         RAISE EXCEPTION 'baton fence violated on run %', p_run USING ERRCODE = '23F01',
             DETAIL = json_build_object('head', cur.head, 'epoch', cur.epoch, 'holder', cur.holder)::text;
     END IF;
-    UPDATE {schema}.baton_runs SET head = p_new_head, epoch = p_new_epoch, holder = p_new_holder,
+    UPDATE {schema}.baton_runs SET head = p_new_head, head_digest = p_new_head_digest, epoch = p_new_epoch,
+        holder = p_new_holder,
         expires_at = p_expires, stage = p_stage, status = p_status
     WHERE run_id = p_run;
 END
@@ -71,15 +76,17 @@ $fence$
 
 _APPEND_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_append(
-    f_run text[], f_head bigint[], f_epoch bigint[], f_holder text[], f_new_head bigint[],
-    f_new_epoch bigint[], f_new_holder text[], f_expires bigint[], f_stage text[], f_status text[],
+    f_run text[], f_head bigint[], f_head_digest text[], f_epoch bigint[], f_holder text[],
+    f_new_head bigint[], f_new_head_digest text[], f_new_epoch bigint[], f_new_holder text[],
+    f_expires bigint[], f_stage text[], f_status text[],
     s_id text[], s_run text[], s_digest text[], s_position bigint[],
     e_run text[], e_position bigint[], e_topic text[], e_state bytea[]) RETURNS SETOF bigint
 LANGUAGE plpgsql AS $append$
 BEGIN
     FOR i IN 1 .. coalesce(array_length(f_run, 1), 0) LOOP
-        PERFORM {schema}.baton_fence(f_run[i], f_head[i], f_epoch[i], f_holder[i], f_new_head[i],
-            f_new_epoch[i], f_new_holder[i], f_expires[i], f_stage[i], f_status[i]);
+        PERFORM {schema}.baton_fence(f_run[i], f_head[i], f_head_digest[i], f_epoch[i], f_holder[i],
+            f_new_head[i], f_new_head_digest[i], f_new_epoch[i], f_new_holder[i], f_expires[i],
+            f_stage[i], f_status[i]);
     END LOOP;
     INSERT INTO {schema}.baton_submissions SELECT * FROM unnest(s_id, s_run, s_digest, s_position);
     RETURN QUERY
@@ -117,6 +124,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             ),
             SQL(
                 "CREATE TABLE IF NOT EXISTS {schema}.baton_runs (run_id text PRIMARY KEY, head bigint NOT NULL, "
+                "head_digest text NOT NULL, "
                 "epoch bigint NOT NULL, holder text, expires_at bigint, stage text NOT NULL, status text NOT NULL)"
             ).format(**fmt),
             SQL(
@@ -138,9 +146,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                     "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.baton_refuse_change()"
                 ).format(target=target, **fmt),
             ]
-        self.append_statement = SQL(
-            "SELECT * FROM {schema}.baton_append(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
-        ).format(**fmt)
+        self.append_statement = SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 20) + ")").format(**fmt)
         self.safe_bound = SQL("(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 16)")
         self.max_notification_id_statement = (
             SQL("SELECT MAX(notification_id) FROM {schema}.{table} WHERE notification_id < ").format(**fmt)
@@ -221,6 +227,15 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(SQL("SELECT * FROM {0}.baton_runs ORDER BY run_id").format(Identifier(self.datastore.schema)))
             return [RunRow(**row) for row in curs.fetchall()]
+
+    def select_run(self, run_id: str) -> RunRow | None:
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(
+                SQL("SELECT * FROM {0}.baton_runs WHERE run_id = %s").format(Identifier(self.datastore.schema)),
+                (run_id,),
+            )
+            row = curs.fetchone()
+        return RunRow(**row) if row is not None else None
 
     def select_submission(self, submission_id: str) -> SubmissionRow | None:
         with self.datastore.get_connection() as conn, conn.cursor() as curs:

@@ -33,6 +33,7 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
         return [
             *super().construct_create_table_statements(),
             "CREATE TABLE IF NOT EXISTS baton_runs (run_id TEXT PRIMARY KEY, head INTEGER NOT NULL, "
+            "head_digest TEXT NOT NULL, "
             "epoch INTEGER NOT NULL, holder TEXT, expires_at INTEGER, stage TEXT NOT NULL, status TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS baton_submissions (submission_id TEXT PRIMARY KEY, "
             "run_id TEXT NOT NULL, content_digest TEXT NOT NULL, position INTEGER NOT NULL)",
@@ -70,17 +71,17 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
 
     @staticmethod
     def _apply_fence(c: SQLiteCursor, f: Fence) -> None:
-        new = (f.new_head, f.new_epoch, f.new_holder, f.new_expires_at, f.stage, f.status)
+        new = (f.new_head, f.new_head_digest, f.new_epoch, f.new_holder, f.new_expires_at, f.stage, f.status)
         if f.expected_head == 0:
             try:
-                c.execute("INSERT INTO baton_runs VALUES (?,?,?,?,?,?,?)", (f.run_id, *new))
+                c.execute("INSERT INTO baton_runs VALUES (?,?,?,?,?,?,?,?)", (f.run_id, *new))
             except sqlite3.IntegrityError:
                 raise AppendConflict(f"run {f.run_id!r} was opened concurrently") from None
             return
         c.execute(
-            "UPDATE baton_runs SET head=?, epoch=?, holder=?, expires_at=?, stage=?, status=? "
-            "WHERE run_id=? AND head=? AND epoch=? AND holder IS ? RETURNING head",
-            (*new, f.run_id, f.expected_head, f.expected_epoch, f.expected_holder),
+            "UPDATE baton_runs SET head=?, head_digest=?, epoch=?, holder=?, expires_at=?, stage=?, status=? "
+            "WHERE run_id=? AND head=? AND head_digest=? AND epoch=? AND holder IS ? RETURNING head",
+            (*new, f.run_id, f.expected_head, f.expected_head_digest, f.expected_epoch, f.expected_holder),
         )
         if c.fetchone() is not None:
             return
@@ -94,6 +95,12 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
         with self.datastore.transaction(commit=False) as c:
             c.execute("SELECT * FROM baton_runs ORDER BY run_id")
             return [RunRow(**dict(row)) for row in c.fetchall()]
+
+    def select_run(self, run_id: str) -> RunRow | None:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute("SELECT * FROM baton_runs WHERE run_id=?", (run_id,))
+            row = c.fetchone()
+        return RunRow(**dict(row)) if row is not None else None
 
     def select_submission(self, submission_id: str) -> SubmissionRow | None:
         with self.datastore.transaction(commit=False) as c:

@@ -1,0 +1,60 @@
+"""Integration fixtures: the same tests run against every store backend.
+
+``store_url`` is parametrised over SQLite (a file in ``tmp_path``) and PostgreSQL (a fresh
+database on the session's embedded server), in the spirit of eventsourcing's one contract test
+body per recorder. The Postgres server is only started when a Postgres case actually runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import psycopg
+import pytest
+from integration_support import LedgerFactory, RawStore
+from psycopg import sql
+
+from adapters.bootstrap import init_store, open_ledger
+from adapters.clock import Clock, ManualClock
+from adapters.eventstore import RunLedger
+from adapters.local_servers import LocalPostgres
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An uninitialised store URL for the backend named by the parameter."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'baton.db'}"  # tmp_path is absolute: sqlite:////...
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    yield url
+    # Drop the test's database: otherwise the server's shutdown checkpoint must flush the dirty
+    # pages of every database the session created, which took over a minute on a busy disk.
+    server: LocalPostgres = request.getfixturevalue("postgres_server")
+    name = unquote(urlsplit(url).path.lstrip("/"))
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def store(store_url: str) -> RawStore:
+    """The store at ``store_url``, initialised, with raw SQL access for checks."""
+    init_store(store_url)
+    return RawStore(store_url, "sqlite" if store_url.startswith("sqlite:") else "postgres")
+
+
+@pytest.fixture
+def ledgers(store: RawStore) -> Iterator[LedgerFactory]:
+    """Opens ledgers on ``store`` (each with its own clock and connections); closes them after."""
+    opened: list[RunLedger] = []
+
+    def factory(clock: Clock | None = None) -> RunLedger:
+        ledger = open_ledger(store.url, clock=clock or ManualClock())
+        opened.append(ledger)
+        return ledger
+
+    yield factory
+    for ledger in opened:
+        ledger.close()
