@@ -1,8 +1,9 @@
 """The one canonical byte encoding that digests are computed over.
 
 Sorted keys, compact separators, UTF-8, one trailing newline, and every integer of the schema
-(counters, sizes, positions, epochs, times) written as a decimal string, so any consumer
-(JavaScript included) reproduces the bytes without 64-bit precision loss. Opaque payloads (the
+(counters, sizes, positions, epochs, times) written as a decimal string, so a consumer in any
+language reproduces the bytes without 64-bit precision loss. Keys sort by Unicode code point (as
+Python, Go and Rust compare strings; schema keys are ASCII, where every order agrees). Opaque payloads (the
 values under ``OPAQUE_KEYS``: tool arguments and results) keep JSON numbers, because there the
 type is data: ``1`` and ``"1"`` must not hash alike. Floats are refused everywhere: they have no
 single decimal spelling.
@@ -48,9 +49,13 @@ def _key(key: Any) -> str:
     return key
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """Encode a Struct or builtins value canonically (see module docstring)."""
-    return _encoder.encode(canonical_value(msgspec.to_builtins(value))) + b"\n"
+def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
+    """Encode a Struct or builtins value canonically (see module docstring).
+
+    ``opaque=True`` encodes a payload on its own (ints stay numbers), as it is inside an event.
+    Sets are written sorted, so their bytes do not depend on a process's hash seed.
+    """
+    return _encoder.encode(canonical_value(msgspec.to_builtins(value, order="deterministic"), opaque=opaque)) + b"\n"
 
 
 def digest_of(prefix: bytes, data: bytes) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from domain import errors
 from domain.budgets import Usage
-from domain.canonical import canonical_bytes, digest_of
+from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of
 from domain.commands import (
     AcquireLease,
     CompleteRun,
@@ -27,6 +29,7 @@ from domain.commands import (
     Submission,
 )
 from domain.events import (
+    BlobRef,
     CheckpointSealed,
     Event,
     IntentContext,
@@ -45,10 +48,21 @@ from domain.events import (
 from domain.stages import Stage, is_legal
 from domain.state import RunState
 
-__all__ = ["MAX_ID_LENGTH", "MAX_INLINE_BYTES", "MAX_TTL_MS", "context_digest", "decide"]
+__all__ = [
+    "MAX_ID_LENGTH",
+    "MAX_INLINE_BYTES",
+    "MAX_LIST_ITEMS",
+    "MAX_TEXT_LENGTH",
+    "MAX_TTL_MS",
+    "context_digest",
+    "decide",
+]
 
 MAX_ID_LENGTH = 200
+MAX_TEXT_LENGTH = 4096
+MAX_LIST_ITEMS = 256
 MAX_INLINE_BYTES = 64 * 1024
+_ID_FIELDS = frozenset({"op_id", "checkpoint_id", "idempotency_key", "tool_contract", "worker", "release_id"})
 MAX_TTL_MS = 24 * 3600 * 1000
 _CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
 
@@ -61,7 +75,10 @@ def context_digest(context: IntentContext) -> str:
 def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
     """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``."""
     _check_ids(submission)
+    if state.run_id and submission.run_id != state.run_id:
+        raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     command = submission.command
+    _check_bounds(msgspec.to_builtins(command), "command")
     if isinstance(command, OpenRun):
         return [_open(state, command)]
     if not state.opened:
@@ -109,6 +126,29 @@ def _check_ids(submission: Submission) -> None:
         raise errors.Malformed("epoch cannot be negative")
 
 
+def _check_bounds(value: Any, path: str) -> None:
+    """Every string and list outside the opaque payloads is bounded, and no blob size is negative.
+
+    Opaque payloads (arguments, results) are bounded as a whole by ``MAX_INLINE_BYTES`` instead.
+    """
+    if isinstance(value, str):
+        limit = MAX_ID_LENGTH if path.rsplit(".", 1)[-1] in _ID_FIELDS else MAX_TEXT_LENGTH
+        if len(value) > limit:
+            raise errors.Malformed(f"{path} is {len(value)} characters; the limit is {limit}")
+    elif isinstance(value, list):
+        if len(value) > MAX_LIST_ITEMS:
+            raise errors.Malformed(f"{path} has {len(value)} items; the limit is {MAX_LIST_ITEMS}")
+        for index, item in enumerate(value):
+            _check_bounds(item, f"{path}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key in OPAQUE_KEYS:
+                continue
+            if key == "size" and isinstance(item, int) and item < 0:
+                raise errors.Malformed(f"{path}.size cannot be negative")
+            _check_bounds(item, f"{path}.{key}")
+
+
 def _ttl_us(ttl_ms: int) -> int:
     if not 0 < ttl_ms <= MAX_TTL_MS:
         msg = f"ttl_ms must be in 1..{MAX_TTL_MS}"
@@ -120,8 +160,8 @@ def _open(state: RunState, command: OpenRun) -> RunOpened:
     if state.opened:
         raise errors.RunAlreadyExists(f"run {state.run_id!r} already exists")
     command.ceilings.validate()
-    if command.schema_version < 0 or command.task_ref.size < 0:
-        raise errors.Malformed("schema_version and task_ref.size cannot be negative")
+    if command.schema_version < 0:
+        raise errors.Malformed("schema_version cannot be negative")
     return RunOpened(
         command.release_id, command.schema_name, command.schema_version, command.task_ref, command.ceilings
     )
@@ -169,8 +209,9 @@ def _charged(state: RunState, charge: Usage) -> Usage:
 
 
 def _inline_size(value: Any, what: str) -> int:
+    """The payload's canonical size as stored inside an event (ints as numbers, no newline)."""
     try:
-        size = len(canonical_bytes(value))
+        size = len(canonical_bytes(value, opaque=True)) - 1
     except (TypeError, ValueError) as exc:
         raise errors.Malformed(f"{what}: {exc}") from None
     if size > MAX_INLINE_BYTES:
@@ -200,9 +241,19 @@ def _intent(state: RunState, command: RecordIntent) -> IntentRecorded:
     )
 
 
-def _result_bytes(result: Any, result_ref: Any) -> int:
+def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, reported: Usage) -> Usage:
+    """What settling an operation costs, for observations and reconciliations alike.
+
+    The worker may report fuel, cost and result bytes; result bytes are never less than what the
+    event itself carries (inline bytes plus the blob's size).
+    """
+    reported.validate()
+    if reported.calls or reported.argument_bytes or reported.iterations or reported.stages:
+        raise errors.Malformed("an outcome may report only fuel, cost_micros and result_bytes")
     inline = _inline_size(result, "result") if result is not None else 0
-    return inline + (result_ref.size if result_ref is not None else 0)
+    carried = inline + (result_ref.size if result_ref is not None else 0)
+    result_bytes = max(carried, reported.result_bytes)
+    return _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
 
 
 def _observation(state: RunState, command: RecordObservation) -> ObservationRecorded:
@@ -219,12 +270,7 @@ def _observation(state: RunState, command: RecordObservation) -> ObservationReco
         raise errors.ContextMismatch(msg)
     if (command.outcome == "failed") != (command.failure_reason is not None):
         raise errors.Malformed("failure_reason is required exactly when outcome is 'failed'")
-    reported = command.usage
-    reported.validate()
-    if reported.calls or reported.argument_bytes or reported.iterations or reported.stages:
-        raise errors.Malformed("an observation may report only fuel, cost_micros and result_bytes")
-    result_bytes = max(_result_bytes(command.result, command.result_ref), reported.result_bytes)
-    charge = _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
+    charge = _outcome_charge(state, command.result, command.result_ref, command.usage)
     return ObservationRecorded(
         command.op_id,
         command.context_digest,
@@ -245,10 +291,7 @@ def _reconcile(state: RunState, command: ReconcileIntent) -> IntentReconciled:
         raise errors.AlreadyObserved(f"operation {command.op_id!r} is already {op.status}")
     if not command.evidence:
         raise errors.Malformed("reconciliation needs evidence")
-    reported = command.usage
-    reported.validate()
-    result_bytes = _result_bytes(command.result, command.result_ref)
-    charge = _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
+    charge = _outcome_charge(state, command.result, command.result_ref, command.usage)
     return IntentReconciled(
         command.op_id, command.resolution, command.evidence, charge, command.result, command.result_ref
     )

@@ -1,0 +1,1 @@
+"""Unit tests: pure code only, no I/O."""

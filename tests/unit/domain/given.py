@@ -1,0 +1,176 @@
+"""Given/when/then helpers: build a run's history through the real decide -> seal -> apply path.
+
+A ``History`` starts from a fresh ``RunState`` and records each accepted submission exactly as the
+ledger does (same envelope epoch rule), so tests state their preconditions as prior events rather
+than as hand-built states that could drift from what ``decide`` actually allows.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+import pytest
+
+from domain import errors
+from domain.budgets import Ceilings
+from domain.chain import seal
+from domain.commands import (
+    AcquireLease,
+    Command,
+    OpenRun,
+    RecordIntent,
+    RecordObservation,
+    RecordTransition,
+    Submission,
+)
+from domain.decide import context_digest, decide
+from domain.events import BlobRef, Event, IntentContext, LeaseGranted, Placement, RecordedEvent
+from domain.stages import Stage
+from domain.state import RunState, apply
+
+__all__ = [
+    "RUN",
+    "T0",
+    "TASK",
+    "W1",
+    "W2",
+    "W3",
+    "History",
+    "Kind",
+    "context",
+    "given",
+    "intent",
+    "observation",
+    "open_run",
+    "placement",
+    "seconds",
+    "single",
+]
+
+RUN = "run-1"
+W1 = "worker-a"
+W2 = "worker-b"
+W3 = "worker-c"
+T0 = 1_700_000_000_000_000  # microseconds since the epoch, like the store's injected clock
+TASK = BlobRef("sha256:" + "a" * 64, 42, "blob://task")
+
+
+def seconds(n: int) -> int:
+    """``n`` seconds in the clock's unit (microseconds)."""
+    return n * 1_000_000
+
+
+def placement(worker: str) -> Placement:
+    return Placement(worker, model="m-1", provider="p-1", region="eu", tool_contracts=("shell@1",))
+
+
+def open_run(ceilings: Ceilings | None = None) -> OpenRun:
+    return OpenRun("rel-1", "agent-state", 1, TASK, ceilings or Ceilings())
+
+
+def context(op_id: str, arguments: dict[str, Any] | None = None, turn: int = 1) -> IntentContext:
+    return IntentContext(turn, op_id, effect="write", arguments=arguments if arguments is not None else {"k": "v"})
+
+
+Kind = Literal["effect", "pure"]
+E = TypeVar("E")
+
+
+def intent(op_id: str, kind: Kind = "effect", arguments: dict[str, Any] | None = None) -> RecordIntent:
+    return RecordIntent(op_id, kind, "shell@1", context(op_id, arguments), f"idem-{op_id}")
+
+
+def single(events: Sequence[Event], kind: type[E]) -> E:
+    """The one event in ``events``, checked to be a ``kind``."""
+    assert len(events) == 1, events
+    event = events[0]
+    assert isinstance(event, kind), event
+    return event
+
+
+def observation(op_id: str, digest: str | None = None, **fields: Any) -> RecordObservation:
+    """An ``ok`` observation quoting the digest of ``intent(op_id)`` unless told otherwise."""
+    quoted = digest if digest is not None else context_digest(context(op_id))
+    return RecordObservation(op_id, quoted, fields.pop("outcome", "ok"), **fields)
+
+
+class History:
+    """One run's recorded events and the state folded from them, plus the store's clock."""
+
+    def __init__(self, run_id: str = RUN, now: int = T0) -> None:
+        self._ids = itertools.count(1)
+        self.state = RunState(run_id=run_id)
+        self.log: list[RecordedEvent] = []
+        self.now = now
+
+    # -- building the history ------------------------------------------------------------------
+    def submission(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> Submission:
+        """A submission from ``worker``; by default at the run's current epoch."""
+        return Submission(
+            f"sub-{next(self._ids)}", self.state.run_id, worker, command, self.state.epoch if epoch is None else epoch
+        )
+
+    def record(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> list[RecordedEvent]:
+        """Decide, seal and apply one submission, exactly as the ledger does; it must be accepted."""
+        submission = self.submission(command, worker=worker, epoch=epoch)
+        bodies = decide(self.state, submission, self.now)
+        envelope_epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), self.state.epoch)
+        recorded = seal(
+            self.state.run_id, self.state.version, self.state.head_digest, submission, envelope_epoch, bodies, self.now
+        )
+        for event in recorded:
+            apply(self.state, event)
+        self.log.extend(recorded)
+        return recorded
+
+    def advance(self, micros: int) -> History:
+        self.now += micros
+        return self
+
+    def opened(self, ceilings: Ceilings | None = None) -> History:
+        self.record(open_run(ceilings))
+        return self
+
+    def leased(self, worker: str = W1, ttl_ms: int = 30_000) -> History:
+        self.record(AcquireLease(placement(worker), ttl_ms), worker=worker)
+        return self
+
+    def intended(self, op_id: str, kind: Kind = "effect", worker: str = W1) -> History:
+        self.record(intent(op_id, kind), worker=worker)
+        return self
+
+    def observed(self, op_id: str, worker: str = W1) -> History:
+        self.record(observation(op_id), worker=worker)
+        return self
+
+    def moved_to(self, target: Stage, worker: str = W1) -> History:
+        """Walk the pipeline forward one legal step at a time until ``target``."""
+        order = list(Stage)
+        while self.state.stage is not target:
+            step = order[order.index(self.state.stage) + 1]
+            self.record(RecordTransition(step, f"sha256:{step.value.lower()}"), worker=worker)
+        return self
+
+    # -- when / then ----------------------------------------------------------------------------
+    def when(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> list[Event]:
+        """The events ``command`` would produce now; checks that deciding left the state alone."""
+        before = copy.deepcopy(self.state)
+        events = decide(self.state, self.submission(command, worker=worker, epoch=epoch), self.now)
+        assert self.state == before, "decide must not mutate the state it judges"
+        return events
+
+    def rejects(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> errors.Rejection:
+        """The rejection ``command`` gets now; checks that the state is exactly as before."""
+        before = copy.deepcopy(self.state)
+        with pytest.raises(errors.Rejection) as caught:
+            decide(self.state, self.submission(command, worker=worker, epoch=epoch), self.now)
+        assert self.state == before, "a rejected submission must leave the state unchanged"
+        return caught.value
+
+
+def given(run_id: str = RUN, now: int = T0) -> History:
+    """A fresh, empty history: the run does not exist yet."""
+    return History(run_id, now)
