@@ -1,0 +1,115 @@
+"""Resumability: the strongest procedure a resume needs, with the reasons, for a proposed target.
+
+Classes (domain.md): R0 not resumable; R1 restart from the previous durable boundary; R2 resume
+from deterministic state; R3 replay recorded observations; R4 ownership must transfer (epoch
+advances); R5 reconcile side effects of unknown outcome first; MIGRATION_UNSAFE the target cannot
+honour the run. Every rule that applies adds a reason; the class is the strongest that applies,
+where R0 and MIGRATION_UNSAFE override the numbered ones. See docs/resumability.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+import msgspec
+
+from domain.events import IntentRecorded, Placement, RecordedEvent
+from domain.state import RunState, apply
+from projections.replay import ReplayFold, ReplayPrefix
+
+__all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize"]
+
+
+class ResumabilityClass(StrEnum):
+    R0 = "R0"
+    R1 = "R1"
+    R2 = "R2"
+    R3 = "R3"
+    R4 = "R4"
+    R5 = "R5"
+    MIGRATION_UNSAFE = "MIGRATION_UNSAFE"
+
+
+_STRENGTH = {cls: rank for rank, cls in enumerate(ResumabilityClass)}
+
+
+class Resumability(msgspec.Struct, frozen=True):
+    cls: ResumabilityClass = msgspec.field(name="class")
+    reasons: tuple[str, ...]
+
+
+class RunSummary(msgspec.Struct, frozen=True):
+    """What classification needs from the log, folded once."""
+
+    state: RunState
+    prefix: ReplayPrefix
+    tool_contracts: frozenset[str]
+
+
+def summarize(events: Iterable[RecordedEvent], run_id: str = "") -> RunSummary:
+    state = RunState(run_id=run_id)
+    replay = ReplayFold()
+    contracts: set[str] = set()
+    for event in events:
+        apply(state, event)
+        replay.apply(event)
+        if isinstance(event.body, IntentRecorded):
+            contracts.add(event.body.tool_contract)
+    return RunSummary(state, replay.prefix(), frozenset(contracts))
+
+
+def classify(summary: RunSummary, target: Placement, now: int) -> Resumability:  # noqa: C901
+    """The class and every reason, for resuming ``summary``'s run on ``target`` at time ``now``."""
+    state, prefix = summary.state, summary.prefix
+    if not state.opened:
+        return Resumability(ResumabilityClass.R0, ("the run does not exist",))
+    if state.closed:
+        return Resumability(ResumabilityClass.R0, (f"the run is {state.status}: nothing to resume",))
+
+    unsafe: list[str] = []
+    missing = sorted(summary.tool_contracts - set(target.tool_contracts))
+    if missing:
+        unsafe.append(f"target lacks tool contracts the run used: {', '.join(missing)}")
+    lease = state.lease
+    if lease is not None:
+        needed = sorted(set(lease.placement.capabilities) - set(target.capabilities))
+        if needed:
+            unsafe.append(f"target lacks capabilities of the current placement: {', '.join(needed)}")
+    if unsafe:
+        return Resumability(ResumabilityClass.MIGRATION_UNSAFE, tuple(unsafe))
+
+    found: list[tuple[ResumabilityClass, str]] = []
+    effects = [s for s in prefix.uncertain if s.kind == "effect"]
+    pure = [s for s in prefix.uncertain if s.kind == "pure"]
+    for step in effects:
+        found.append(
+            (
+                ResumabilityClass.R5,
+                f"effect {step.op_id!r} (position {step.intent_position}, {step.tool_contract}) has no recorded "
+                "outcome: reconcile it before any new effect",
+            )
+        )
+    if lease is None:
+        found.append(
+            (ResumabilityClass.R4, f"no live lease (last epoch {state.epoch}): acquire epoch {state.epoch + 1}")
+        )
+    elif lease.worker != target.worker or now >= lease.expires_at:
+        holder = "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {lease.expires_at}"
+        found.append((ResumabilityClass.R4, f"lease epoch {lease.epoch} is {holder}: the epoch must advance"))
+    if prefix.steps:
+        found.append(
+            (ResumabilityClass.R3, f"{len(prefix.steps)} recorded outcomes are replayed without calling the host")
+        )
+    for step in pure:
+        found.append(
+            (
+                ResumabilityClass.R1,
+                f"pure operation {step.op_id!r} (position {step.intent_position}) has no outcome: its work is "
+                "discarded and redone from the last boundary",
+            )
+        )
+    if not found:
+        return Resumability(ResumabilityClass.R2, (f"deterministic state at {state.stage}: nothing to replay",))
+    strongest = max((cls for cls, _ in found), key=_STRENGTH.__getitem__)
+    return Resumability(strongest, tuple(reason for _, reason in found))
