@@ -20,10 +20,12 @@ from pydantic import ValidationError
 from adapters.bootstrap import init_store, open_ledger
 from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
+from domain.budgets import COUNTERS
 from domain.canonical import short
 from domain.commands import Submission, Verdict
 from domain.errors import BatonError, ChainBroken, StoreUnavailable
-from domain.events import RecordedEvent
+from domain.events import Placement, RecordedEvent
+from projections import DIMENSIONS, BudgetUsageFold, classify, portable_state, summarize
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -163,6 +165,78 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """What a worker needs to resume: class and reasons, checkpoint, budgets, replay prefix."""
+    ledger = _ledger(args)
+    events = list(ledger.history(args.run_id))
+    if not events:
+        print(f"no events for run {args.run_id!r}", file=sys.stderr)
+        return 1
+    target = Placement(
+        args.worker,
+        model=args.model or "",
+        provider=args.provider or "",
+        region=args.region or "",
+        capabilities=tuple(args.capability or ()),
+        tool_contracts=tuple(args.tool_contract or ()),
+    )
+    summary = summarize(events, args.run_id)
+    verdict = classify(summary, target, ledger.clock.now())
+    checkpoint = portable_state(events, args.run_id)
+    document = {
+        "run_id": args.run_id,
+        "resumability": {"class": str(verdict.cls), "reasons": list(verdict.reasons)},
+        "checkpoint": msgspec.to_builtins(checkpoint),
+        "budgets": {
+            "usage": msgspec.to_builtins(checkpoint.usage),
+            "ceilings": msgspec.to_builtins(checkpoint.ceilings),
+        },
+        "replay_prefix": msgspec.to_builtins(summary.prefix.steps),
+        "uncertain": msgspec.to_builtins(summary.prefix.uncertain),
+    }
+    if args.json:
+        print(_json.encode(document).decode())
+    else:
+        print(f"run {args.run_id}: {verdict.cls} for {args.worker}")
+        for reason in verdict.reasons:
+            print(f"  - {reason}")
+        print(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
+        print(f"replay prefix: {len(summary.prefix.steps)} operations; uncertain: {len(summary.prefix.uncertain)}")
+    return 0
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    """The portable state at a position (time travel): the fold of the first N events."""
+    events = list(_ledger(args).history(args.run_id, upto=args.at))
+    if not events:
+        print(f"no events for run {args.run_id!r}", file=sys.stderr)
+        return 1
+    checkpoint = portable_state(events, args.run_id)
+    if args.json:
+        print(_json.encode(checkpoint).decode())
+    else:
+        for name, value in msgspec.to_builtins(checkpoint).items():
+            print(f"{name:<26} {value}")
+    return 0
+
+
+def cmd_budgets(args: argparse.Namespace) -> int:
+    """Cumulative usage per run or rolled up, folded from the log in global order."""
+    fold = BudgetUsageFold()
+    for _, event in _ledger(args).all_events():
+        if args.run is None or event.run_id == args.run:
+            fold.apply(event)
+    rows = fold.by(args.by)
+    if args.json:
+        for key, usage in rows.items():
+            print(_json.encode({args.by: key, **msgspec.to_builtins(usage)}).decode())
+        return 0
+    print(f"{args.by:<24} " + " ".join(f"{name:>14}" for name in COUNTERS))
+    for key, usage in rows.items():
+        print(f"{key or '-':<24} " + " ".join(f"{getattr(usage, name):>14}" for name in COUNTERS))
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     target = {"submission": Submission, "verdict": Verdict, "event": RecordedEvent}[args.what]
     print(_json.encode(msgspec.json.schema(target)).decode())
@@ -191,6 +265,26 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", parents=[store], help="verify a run's hash chain")
     verify.add_argument("run_id")
     verify.set_defaults(func=cmd_verify)
+    resume = sub.add_parser("resume", parents=[store], help="what resuming a run on a target placement needs")
+    resume.add_argument("run_id")
+    resume.add_argument("--worker", required=True)
+    resume.add_argument("--model")
+    resume.add_argument("--provider")
+    resume.add_argument("--region")
+    resume.add_argument("--capability", action="append")
+    resume.add_argument("--tool-contract", action="append", help="name@version the target honours (repeat)")
+    resume.add_argument("--json", action="store_true")
+    resume.set_defaults(func=cmd_resume)
+    state = sub.add_parser("state", parents=[store], help="the portable state of a run at a position")
+    state.add_argument("run_id")
+    state.add_argument("--at", type=int, default=None, help="position (default: the head)")
+    state.add_argument("--json", action="store_true")
+    state.set_defaults(func=cmd_state)
+    budgets = sub.add_parser("budgets", parents=[store], help="cumulative budget usage")
+    budgets.add_argument("--run")
+    budgets.add_argument("--by", choices=list(DIMENSIONS), default="run")
+    budgets.add_argument("--json", action="store_true")
+    budgets.set_defaults(func=cmd_budgets)
     schema = sub.add_parser("schema", help="print the JSON Schema of the wire format")
     schema.add_argument("what", nargs="?", default="submission", choices=["submission", "verdict", "event"])
     schema.set_defaults(func=cmd_schema)

@@ -76,6 +76,16 @@ class RunLedger(Application[str]):
         for stored in self.stored(run_id, after=after, upto=upto):
             yield decode_recorded(stored.topic, stored.state)
 
+    def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
+        """Every event of every run in the global (notification) order, with its notification id."""
+        while True:
+            batch = self.recorder.select_notifications(after, page, inclusive_of_start=False)
+            for notification in batch:
+                yield notification.id, decode_recorded(notification.topic, notification.state)
+            if len(batch) < page:
+                return
+            after = batch[-1].id
+
     def state(self, run_id: str) -> RunState:
         """The run's current state: a private copy the caller may keep."""
         with self._run_locks([run_id]):
