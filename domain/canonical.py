@@ -27,14 +27,19 @@ _encoder = msgspec.json.Encoder(order="sorted")
 
 def canonical_value(value: Any, *, opaque: bool = False) -> Any:
     """Turn builtins into their canonical shape: schema ints to decimal strings, no floats."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    kind = type(value)  # exact-type dispatch first: this runs for every field of every event
+    if kind is str or value is None or kind is bool:
         return value
-    if isinstance(value, int):
+    if kind is int:
         return value if opaque else str(value)
-    if isinstance(value, dict):
+    if kind is dict:
         return {_key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if kind is list or kind is tuple:
         return [canonical_value(v, opaque=opaque) for v in value]
+    if isinstance(value, bool | str):
+        return bool(value) if isinstance(value, bool) else str(value)
+    if isinstance(value, int):
+        return int(value) if opaque else str(int(value))
     if isinstance(value, float):
         msg = "floats have no canonical form; use integers (e.g. micro-units) or strings"
         raise ValueError(msg)

@@ -24,6 +24,8 @@ __all__ = [
     "NoLease",
     "PayloadTooLarge",
     "ReconciliationRequired",
+    "ReplayDivergence",
+    "ReplayIncomplete",
     "Rejection",
     "RunAlreadyExists",
     "RunClosed",
@@ -129,6 +131,23 @@ class ReconciliationRequired(Rejection):
     """An intent of an earlier epoch can only be settled by ``IntentReconciled``."""
 
     reason = "reconciliation_required"
+
+
+class ReplayDivergence(Rejection):
+    """A regenerated intent differs from the recorded one: the resume is not the same run."""
+
+    reason = "replay_divergence"
+
+    def __init__(self, message: str, position: int, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.position = position
+        self.fields = fields
+
+
+class ReplayIncomplete(Rejection):
+    """A new effect was attempted before the recorded prefix was consumed."""
+
+    reason = "replay_incomplete"
 
 
 class PayloadTooLarge(Rejection):

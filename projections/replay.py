@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from domain.decide import context_digest
-from domain.errors import Rejection, UncertainIntent
+from domain.errors import ReplayDivergence, ReplayIncomplete, UncertainIntent
 from domain.events import (
     BlobRef,
     IntentContext,
@@ -58,23 +58,6 @@ class ReplayPrefix(msgspec.Struct, frozen=True):
 
     steps: tuple[ReplayStep, ...]
     uncertain: tuple[ReplayStep, ...]
-
-
-class ReplayDivergence(Rejection):
-    """A regenerated intent differs from the recorded one: the resume is not the same run."""
-
-    reason = "replay_divergence"
-
-    def __init__(self, message: str, position: int, fields: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.position = position
-        self.fields = fields
-
-
-class ReplayIncomplete(Rejection):
-    """A new effect was attempted before the recorded prefix was consumed."""
-
-    reason = "replay_incomplete"
 
 
 class ReplayFold:

@@ -28,6 +28,7 @@ from adapters.eventstore.fenced import (
     SubmissionRow,
     sorted_fences,
 )
+from domain.fencing import Fence
 
 __all__ = ["FencedPostgresRecorder"]
 
@@ -147,6 +148,21 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 ).format(target=target, **fmt),
             ]
         self.append_statement = SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 20) + ")").format(**fmt)
+        self.append_one_statement = SQL(
+            "WITH f AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
+            "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
+            "status = %(status)s WHERE run_id = %(run_id)s AND head = %(expected_head)s "
+            "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
+            "AND holder IS NOT DISTINCT FROM %(expected_holder)s::text RETURNING run_id), "
+            "s AS (INSERT INTO {schema}.baton_submissions "
+            "SELECT %(submission_id)s, run_id, %(content_digest)s, %(new_head)s FROM f) "
+            "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state, notification_id) "
+            "SELECT run_id, %(new_head)s, %(topic)s, %(state)s, (pg_current_xact_id()::text::bigint << 16) + 1 "
+            "FROM f RETURNING notification_id"
+        ).format(**fmt)
+        self.select_run_statement = SQL("SELECT head, epoch, holder FROM {schema}.baton_runs WHERE run_id = %s").format(
+            **fmt
+        )
         self.safe_bound = SQL("(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 16)")
         self.max_notification_id_statement = (
             SQL("SELECT MAX(notification_id) FROM {schema}.{table} WHERE notification_id < ").format(**fmt)
@@ -155,32 +171,47 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
-        """Fence and insert in ONE statement (``baton_append``): one round trip, one transaction.
+        """Fence and insert in ONE statement: one round trip, one transaction.
 
-        The library's pipelined append costs about 13 round trips; the function does the same
-        work (run-row locks first, in sorted order, then submissions, then events) server-side.
-        A retry after a lost connection is safe: an append that did commit collides on its
-        submission ids and the ledger answers ``duplicate`` with the original position.
+        The library's pipelined append costs about 13 round trips. The common case (one event of
+        one submission on an existing run) is a single plain statement with scalar parameters;
+        anything else goes through ``baton_append``, which does the same work with arrays (run
+        rows locked first, in sorted order, then submissions, then events). A retry after a lost
+        connection is safe: an append that did commit collides on its submission ids and the
+        ledger answers ``duplicate`` with the original position.
         """
         fences = sorted_fences(kwargs.get("fences", ()))
         submissions: Sequence[SubmissionRow] = kwargs.get("submissions", ())
-        params = (
-            *([getattr(f, name) for f in fences] for name in _FENCE_FIELDS),
-            [s.submission_id for s in submissions],
-            [s.run_id for s in submissions],
-            [s.content_digest for s in submissions],
-            [s.position for s in submissions],
-            [str(e.originator_id) for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
-        )
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
-                curs.execute(self.append_statement, params, prepare=True)
+                if len(fences) == len(submissions) == len(stored_events) == 1 and fences[0].expected_head > 0:
+                    return self._append_one(curs, fences[0], submissions[0], stored_events[0])
+                curs.execute(self.append_statement, _append_params(fences, submissions, stored_events), prepare=True)
                 return [row["baton_append"] for row in curs.fetchall()]
         except IntegrityError as exc:
             raise _translate(exc) from None
+
+    def _append_one(self, curs: Any, fence: Fence, row: SubmissionRow, event: StoredEvent) -> list[int]:
+        """The single-event fast path; zero rows back means the compare-and-set missed."""
+        curs.execute(
+            self.append_one_statement,
+            {
+                **{name: getattr(fence, name) for name in _FENCE_FIELDS},
+                "submission_id": row.submission_id,
+                "content_digest": row.content_digest,
+                "topic": event.topic,
+                "state": event.state,
+            },
+            prepare=True,
+        )
+        found = curs.fetchone()
+        if found is not None:
+            return [found["notification_id"]]
+        curs.execute(self.select_run_statement, (fence.run_id,), prepare=True)
+        current = curs.fetchone()
+        if current is None:
+            raise AppendConflict(f"run {fence.run_id!r} has no run row")
+        raise FenceViolation(fence.run_id, current["head"], current["epoch"], current["holder"])
 
     def select_notifications(
         self,
@@ -248,6 +279,22 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             )
             row = curs.fetchone()
         return SubmissionRow(**row) if row is not None else None
+
+
+def _append_params(
+    fences: Sequence[Fence], submissions: Sequence[SubmissionRow], events: Sequence[StoredEvent]
+) -> tuple[list[Any], ...]:
+    return (
+        *([getattr(f, name) for f in fences] for name in _FENCE_FIELDS),
+        [s.submission_id for s in submissions],
+        [s.run_id for s in submissions],
+        [s.content_digest for s in submissions],
+        [s.position for s in submissions],
+        [str(e.originator_id) for e in events],
+        [e.originator_version for e in events],
+        [e.topic for e in events],
+        [e.state for e in events],
+    )
 
 
 def _translate(exc: IntegrityError) -> IntegrityError:

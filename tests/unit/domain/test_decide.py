@@ -114,6 +114,8 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "ContextMismatch": "context_mismatch",
         "UncertainIntent": "uncertain_intent",
         "ReconciliationRequired": "reconciliation_required",
+        "ReplayDivergence": "replay_divergence",
+        "ReplayIncomplete": "replay_incomplete",
         "PayloadTooLarge": "payload_too_large",
         "SubmissionConflict": "submission_conflict",
     }
