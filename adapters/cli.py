@@ -25,7 +25,8 @@ from domain.canonical import short
 from domain.commands import Submission, Verdict
 from domain.errors import BatonError, ChainBroken, StoreUnavailable
 from domain.events import Placement, RecordedEvent
-from projections import DIMENSIONS, BudgetUsageFold, classify, portable_state, summarize
+from projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
+from projections.resumability import summary_of
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -168,8 +169,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     """What a worker needs to resume: class and reasons, checkpoint, budgets, replay prefix."""
     ledger = _ledger(args)
-    events = list(ledger.history(args.run_id))
-    if not events:
+    fold = ledger.resume_fold(args.run_id, snapshots=not args.no_snapshots)
+    if fold.run.version == 0:
         print(f"no events for run {args.run_id!r}", file=sys.stderr)
         return 1
     target = Placement(
@@ -180,9 +181,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         capabilities=tuple(args.capability or ()),
         tool_contracts=tuple(args.tool_contract or ()),
     )
-    summary = summarize(events, args.run_id)
+    summary = summary_of(fold)
     verdict = classify(summary, target, ledger.clock.now())
-    checkpoint = portable_state(events, args.run_id)
+    checkpoint = fold.snapshot()
     document = {
         "run_id": args.run_id,
         "resumability": {"class": str(verdict.cls), "reasons": list(verdict.reasons)},
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--capability", action="append")
     resume.add_argument("--tool-contract", action="append", help="name@version the target honours (repeat)")
     resume.add_argument("--json", action="store_true")
+    resume.add_argument("--no-snapshots", action="store_true", help="fold the whole history (audit, benchmarks)")
     resume.set_defaults(func=cmd_resume)
     state = sub.add_parser("state", parents=[store], help="the portable state of a run at a position")
     state.add_argument("run_id")

@@ -16,14 +16,17 @@ from domain.canonical import canonical_bytes, digest_of
 from domain.events import (
     BlobRef,
     CheckpointSealed,
+    IntentRecorded,
+    LeaseGranted,
     Placement,
     RecordedEvent,
     RunOpened,
     TransitionRecorded,
 )
 from domain.state import RunState, apply
+from projections.replay import ReplayFold, ReplayStep
 
-__all__ = ["PortableState", "PortableStateFold", "portable_state"]
+__all__ = ["PortableState", "PortableStateFold", "ResumeState", "portable_state"]
 
 _CHECKPOINT_PREFIX = b"baton.checkpoint.v1\x00"
 _MANIFEST_PREFIX = b"baton.observation-manifest.v1\x00"
@@ -61,31 +64,62 @@ class PortableState(msgspec.Struct, frozen=True):
     checkpoint_hash: str = ""
 
 
-class PortableStateFold:
-    """Incremental fold: ``apply`` events in position order, ``snapshot()`` at any point."""
+class ResumeState(msgspec.Struct):
+    """Everything a resume folds from the log, in one encodable value: what a snapshot stores."""
 
-    def __init__(self, run_id: str = "") -> None:
-        self.run = RunState(run_id=run_id)
-        self.task_ref: BlobRef | None = None
-        self.task_digest = ""
-        self.manifest = b""
-        self.placement: Placement | None = None
+    run: RunState
+    operations: dict[str, ReplayStep] = {}
+    task_ref: BlobRef | None = None
+    task_digest: str = ""
+    manifest: str = ""
+    placement: Placement | None = None
+    tool_contracts: set[str] = set()
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(ResumeState)
+
+
+class PortableStateFold:
+    """Incremental fold: ``apply`` events in position order, ``snapshot()`` at any point.
+
+    Its whole state is a ``ResumeState``, so ``to_bytes``/``from_bytes`` give snapshots that a
+    resume continues from, folding only the events after the snapshot's position.
+    """
+
+    def __init__(self, run_id: str = "", state: ResumeState | None = None) -> None:
+        self.state = state if state is not None else ResumeState(RunState(run_id=run_id))
+        self.replay = ReplayFold(self.state.operations)
+
+    @property
+    def run(self) -> RunState:
+        return self.state.run
 
     def apply(self, event: RecordedEvent) -> None:
-        if not self.run.run_id:
-            self.run.run_id = event.run_id
-        apply(self.run, event)
+        state = self.state
+        if not state.run.run_id:
+            state.run.run_id = event.run_id
+        apply(state.run, event)
+        self.replay.apply(event)
         body = event.body
         if isinstance(body, RunOpened):
-            self.task_ref, self.task_digest = body.task_ref, body.task_ref.digest
+            state.task_ref, state.task_digest = body.task_ref, body.task_ref.digest
         elif isinstance(body, TransitionRecorded | CheckpointSealed):
-            self.task_ref, self.task_digest = body.state_ref, body.state_digest
-        if self.run.lease is not None:
-            self.placement = self.run.lease.placement
-        op_id = getattr(body, "op_id", None)
-        if op_id is not None:
-            # a running digest over (position, op, event digest): O(1) per event, order-sensitive
-            self.manifest = digest_of(_MANIFEST_PREFIX, self.manifest + event.digest.encode()).encode()
+            state.task_ref, state.task_digest = body.state_ref, body.state_digest
+        elif isinstance(body, LeaseGranted):
+            state.placement = body.placement
+        elif isinstance(body, IntentRecorded):
+            state.tool_contracts.add(body.tool_contract)
+        if getattr(body, "op_id", None) is not None:
+            # a running digest over the operation events' digests: O(1) per event, order-sensitive
+            state.manifest = digest_of(_MANIFEST_PREFIX, state.manifest.encode() + event.digest.encode())
+
+    def to_bytes(self) -> bytes:
+        return _state_encoder.encode(self.state)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PortableStateFold:
+        return cls(state=_state_decoder.decode(data))
 
     def snapshot(self) -> PortableState:
         run = self.run
@@ -101,15 +135,15 @@ class PortableStateFold:
             state_schema_version=run.schema_version,
             stage=str(run.stage),
             status=run.status,
-            task_state_ref=self.task_ref,
-            task_state_digest=self.task_digest,
-            observation_manifest_ref=self.manifest.decode() or digest_of(_MANIFEST_PREFIX, b""),
+            task_state_ref=self.state.task_ref,
+            task_state_digest=self.state.task_digest,
+            observation_manifest_ref=self.state.manifest or digest_of(_MANIFEST_PREFIX, b""),
             operation_ledger_ref=digest_of(_LEDGER_PREFIX, canonical_bytes(operations)),
             authority_context_ref=digest_of(_AUTHORITY_PREFIX, canonical_bytes([run.epoch, run.holder])),
             budget_ledger_ref=digest_of(_BUDGET_PREFIX, canonical_bytes([run.usage, run.ceilings])),
             usage=run.usage,
             ceilings=run.ceilings,
-            placement=self.placement,
+            placement=self.state.placement,
             owner_epoch=run.epoch,
             owner=run.holder,
             last_sealed_checkpoint=run.last_checkpoint_id,

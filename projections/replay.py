@@ -63,8 +63,8 @@ class ReplayPrefix(msgspec.Struct, frozen=True):
 class ReplayFold:
     """Operations by op id, in the order their intents were recorded (insertion order)."""
 
-    def __init__(self) -> None:
-        self.ops: dict[str, ReplayStep] = {}
+    def __init__(self, ops: dict[str, ReplayStep] | None = None) -> None:
+        self.ops: dict[str, ReplayStep] = {} if ops is None else ops
 
     def apply(self, event: RecordedEvent) -> None:
         body = event.body

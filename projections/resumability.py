@@ -14,11 +14,12 @@ from enum import StrEnum
 
 import msgspec
 
-from domain.events import IntentRecorded, Placement, RecordedEvent
-from domain.state import RunState, apply
-from projections.replay import ReplayFold, ReplayPrefix
+from domain.events import Placement, RecordedEvent
+from domain.state import RunState
+from projections.portable_state import PortableStateFold
+from projections.replay import ReplayPrefix
 
-__all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize"]
+__all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize", "summary_of"]
 
 
 class ResumabilityClass(StrEnum):
@@ -45,18 +46,20 @@ class RunSummary(msgspec.Struct, frozen=True):
     state: RunState
     prefix: ReplayPrefix
     tool_contracts: frozenset[str]
+    placement: Placement | None  # the last lease's placement, kept after the lease ends
 
 
 def summarize(events: Iterable[RecordedEvent], run_id: str = "") -> RunSummary:
-    state = RunState(run_id=run_id)
-    replay = ReplayFold()
-    contracts: set[str] = set()
+    fold = PortableStateFold(run_id)
     for event in events:
-        apply(state, event)
-        replay.apply(event)
-        if isinstance(event.body, IntentRecorded):
-            contracts.add(event.body.tool_contract)
-    return RunSummary(state, replay.prefix(), frozenset(contracts))
+        fold.apply(event)
+    return summary_of(fold)
+
+
+def summary_of(fold: PortableStateFold) -> RunSummary:
+    """The classification input from a fold (possibly continued from a snapshot)."""
+    state = fold.state
+    return RunSummary(state.run, fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
 
 
 def classify(summary: RunSummary, target: Placement, now: int) -> Resumability:  # noqa: C901
@@ -71,14 +74,14 @@ def classify(summary: RunSummary, target: Placement, now: int) -> Resumability: 
     missing = sorted(summary.tool_contracts - set(target.tool_contracts))
     if missing:
         unsafe.append(f"target lacks tool contracts the run used: {', '.join(missing)}")
-    lease = state.lease
-    if lease is not None:
-        needed = sorted(set(lease.placement.capabilities) - set(target.capabilities))
+    if summary.placement is not None:
+        needed = sorted(set(summary.placement.capabilities) - set(target.capabilities))
         if needed:
-            unsafe.append(f"target lacks capabilities of the current placement: {', '.join(needed)}")
+            unsafe.append(f"target lacks capabilities of the last placement: {', '.join(needed)}")
     if unsafe:
         return Resumability(ResumabilityClass.MIGRATION_UNSAFE, tuple(unsafe))
 
+    lease = state.lease
     found: list[tuple[ResumabilityClass, str]] = []
     effects = [s for s in prefix.uncertain if s.kind == "effect"]
     pure = [s for s in prefix.uncertain if s.kind == "pure"]

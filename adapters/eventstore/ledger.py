@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import InterfaceError, Mapper, OperationalError, StoredEvent
+from eventsourcing.persistence import IntegrityError, InterfaceError, Mapper, OperationalError, StoredEvent
 
 from adapters.clock import Clock, SystemClock
 from adapters.eventstore.fenced import (
@@ -39,13 +39,16 @@ from domain.errors import ChainBroken
 from domain.events import LeaseGranted, RecordedEvent
 from domain.fencing import fence_for
 from domain.state import RunState, apply, fold
+from projections.portable_state import PortableStateFold
 
-__all__ = ["RunLedger", "submission_digest"]
+__all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 
 _SUBMISSION_PREFIX = b"baton.submission.v1\x00"
 _UNFENCED = (OpenRun, AcquireLease, ExpireLease)
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
+_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState"
+SNAPSHOT_EVERY = 500
 
 
 def submission_digest(submission: Submission) -> str:
@@ -60,6 +63,7 @@ class RunLedger(Application[str]):
     def __init__(self, env: dict[str, str] | None = None, *, clock: Clock | None = None) -> None:
         super().__init__(env)
         self.clock: Clock = clock or SystemClock()
+        self.snapshot_recorder = self.factory.aggregate_recorder(purpose="snapshots")
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(64)]
@@ -72,9 +76,48 @@ class RunLedger(Application[str]):
     def stored(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Sequence[StoredEvent]:
         return self.recorder.select_events(run_id, gt=after or None, lte=upto)
 
-    def history(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[RecordedEvent]:
-        for stored in self.stored(run_id, after=after, upto=upto):
-            yield decode_recorded(stored.topic, stored.state)
+    def history(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, page: int = 1000
+    ) -> Iterator[RecordedEvent]:
+        """A run's events in position order, fetched page by page so memory stays flat."""
+        while True:
+            last = after + page if upto is None else min(after + page, upto)
+            batch = self.stored(run_id, after=after, upto=last)
+            for stored in batch:
+                yield decode_recorded(stored.topic, stored.state)
+            if not batch or last == upto or batch[-1].originator_version < last:
+                return
+            after = last
+
+    def resume_fold(self, run_id: str, *, snapshots: bool = True) -> PortableStateFold:
+        """Everything a resume needs, folded from the latest snapshot plus the events after it.
+
+        A snapshot is a cache, never evidence: the first event after it must chain onto the
+        snapshot's head digest, or the snapshot is ignored and the run is folded from scratch.
+        After folding ``SNAPSHOT_EVERY`` or more events a new snapshot is written.
+        """
+        fold = self._latest_snapshot(run_id) if snapshots else None
+        if fold is None:
+            fold = PortableStateFold(run_id)
+        start, folded = fold.run.version, 0
+        for event in self.history(run_id, after=start):
+            if folded == 0 and start and event.prev_digest != fold.run.head_digest:
+                return self.resume_fold(run_id, snapshots=False)
+            fold.apply(event)
+            folded += 1
+        if snapshots and folded >= SNAPSHOT_EVERY:
+            self._write_snapshot(fold)
+        return fold
+
+    def _latest_snapshot(self, run_id: str) -> PortableStateFold | None:
+        latest = self.snapshot_recorder.select_events(run_id, desc=True, limit=1)
+        return PortableStateFold.from_bytes(latest[0].state) if latest else None
+
+    def _write_snapshot(self, fold: PortableStateFold) -> None:
+        run = fold.run
+        snapshot = StoredEvent(run.run_id, run.version, _SNAPSHOT_TOPIC, fold.to_bytes())
+        with contextlib.suppress(IntegrityError):  # another process wrote this position's snapshot
+            self.snapshot_recorder.insert_events([snapshot])
 
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
         """Every event of every run in the global (notification) order, with its notification id."""
