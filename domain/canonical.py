@@ -33,11 +33,21 @@ def canonical_value(value: Any, *, opaque: bool = False) -> Any:
     if kind is int:
         return value if opaque else str(value)
     if kind is dict:
-        return {_key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS) for k, v in value.items()}
+        return {
+            k if type(k) is str else _key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS)
+            for k, v in value.items()
+        }
     if kind is list or kind is tuple:
         return [canonical_value(v, opaque=opaque) for v in value]
-    if isinstance(value, bool | str):
-        return bool(value) if isinstance(value, bool) else str(value)
+    return _canonical_subclass(value, opaque=opaque)
+
+
+def _canonical_subclass(value: Any, *, opaque: bool) -> Any:
+    """The slow path: subclasses of the builtin types (enums, bools), and refusals."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, int):
         return int(value) if opaque else str(int(value))
     if isinstance(value, float):

@@ -76,7 +76,7 @@ class ResumeState(msgspec.Struct):
     tool_contracts: set[str] = set()
 
 
-_state_encoder = msgspec.msgpack.Encoder()
+_state_encoder = msgspec.msgpack.Encoder(order="deterministic")
 _state_decoder = msgspec.msgpack.Decoder(ResumeState)
 
 

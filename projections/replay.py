@@ -61,7 +61,7 @@ class ReplayPrefix(msgspec.Struct, frozen=True):
 
 
 class ReplayFold:
-    """Operations by op id, in the order their intents were recorded (insertion order)."""
+    """Operations by op id; the prefix orders them by the position of their intents."""
 
     def __init__(self, ops: dict[str, ReplayStep] | None = None) -> None:
         self.ops: dict[str, ReplayStep] = {} if ops is None else ops
@@ -86,9 +86,11 @@ class ReplayFold:
         )
 
     def prefix(self) -> ReplayPrefix:
+        # order by intent position, not by dict order: a snapshot's map may come back key-sorted
+        ordered = sorted(self.ops.values(), key=lambda step: step.intent_position)
+        uncertain = tuple(step for step in ordered if step.outcome is None)
         steps: list[ReplayStep] = []
-        uncertain = tuple(step for step in self.ops.values() if step.outcome is None)
-        for step in self.ops.values():
+        for step in ordered:
             if step.outcome is None:
                 break
             steps.append(step)
@@ -125,7 +127,12 @@ class ReplayCursor:
         step = self._prefix.steps[self._next]
         offered = {"op_id": op_id, "kind": kind, "tool_contract": tool_contract}
         differing = tuple(name for name, value in offered.items() if value != getattr(step, name))
-        if context_digest(context) != step.context_digest:
+        try:
+            regenerated = context_digest(context)
+        except (TypeError, ValueError) as exc:
+            msg = f"replay diverged at position {step.intent_position}: the context is not encodable ({exc})"
+            raise ReplayDivergence(msg, step.intent_position, ("context.arguments",)) from None
+        if regenerated != step.context_digest:
             differing += tuple(
                 f"context.{name}"
                 for name in context.__struct_fields__

@@ -3,12 +3,14 @@
 Classes (domain.md): R0 not resumable; R1 restart from the previous durable boundary; R2 resume
 from deterministic state; R3 replay recorded observations; R4 ownership must transfer (epoch
 advances); R5 reconcile side effects of unknown outcome first; MIGRATION_UNSAFE the target cannot
-honour the run. Every rule that applies adds a reason; the class is the strongest that applies,
-where R0 and MIGRATION_UNSAFE override the numbered ones. See docs/resumability.md.
+honour the run. R0 and MIGRATION_UNSAFE are decided first and answer alone (a resume that must
+not happen needs no procedure); otherwise every numbered rule that applies adds a reason and the
+class is the strongest of them. See docs/resumability.md.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -59,7 +61,7 @@ def summarize(events: Iterable[RecordedEvent], run_id: str = "") -> RunSummary:
 def summary_of(fold: PortableStateFold) -> RunSummary:
     """The classification input from a fold (possibly continued from a snapshot)."""
     state = fold.state
-    return RunSummary(state.run, fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
+    return RunSummary(copy.deepcopy(state.run), fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
 
 
 def classify(summary: RunSummary, target: Placement, now: int) -> Resumability:  # noqa: C901

@@ -31,7 +31,7 @@ from adapters.eventstore.fenced import (
 )
 from adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_recorded
 from domain import errors
-from domain.canonical import canonical_bytes, digest_of
+from domain.canonical import digest_of
 from domain.chain import ChainReport, seal, verify_chain
 from domain.commands import AcquireLease, ExpireLease, OpenRun, Submission, Verdict
 from domain.decide import decide
@@ -51,9 +51,16 @@ _SNAPSHOT_TOPIC = "projections.portable_state:ResumeState"
 SNAPSHOT_EVERY = 500
 
 
+_submission_encoder = msgspec.json.Encoder(order="sorted")
+
+
 def submission_digest(submission: Submission) -> str:
-    """The content digest that tells a retry (same digest) from a conflicting reuse of an id."""
-    return digest_of(_SUBMISSION_PREFIX, canonical_bytes(submission))
+    """The content digest that tells a retry (same digest) from a conflicting reuse of an id.
+
+    Sorted JSON keeps every type distinct (``1`` is not ``"1"``); it is an internal digest, never
+    compared across releases, so it needs no canonical form of its own.
+    """
+    return digest_of(_SUBMISSION_PREFIX, _submission_encoder.encode(submission))
 
 
 class RunLedger(Application[str]):
