@@ -129,3 +129,62 @@ def test_demo_runs_on_postgres(tmp_path: Path, postgres_url: str) -> None:
     assert "REJECTED: stale_epoch" in result.stdout
     runs = lines(baton(tmp_path, "runs", "--json", "--store", postgres_url).stdout)
     assert runs[0]["stage"] == "COMMITTED"
+
+
+def test_resume_state_and_budgets_read_the_demo_run(tmp_path: Path) -> None:
+    """Given the demo's committed run, when resume, state --at and budgets run, then they report its final
+    class, its state back in time and the usage per worker."""
+    assert baton(tmp_path, "demo").returncode == 0
+    run_id = str(lines(baton(tmp_path, "runs", "--json").stdout)[0]["run_id"])
+
+    resumed = json.loads(baton(tmp_path, "resume", run_id, "--worker", "worker-c", "--json").stdout)
+    assert resumed["resumability"]["class"] == "R0"
+    assert resumed["checkpoint"]["checkpoint_hash"].startswith("sha256:")
+    assert resumed["checkpoint"]["position"] == 22
+    assert len(resumed["replay_prefix"]) == 4
+    assert resumed["uncertain"] == []
+
+    at_13 = json.loads(baton(tmp_path, "state", run_id, "--at", "13", "--json").stdout)
+    assert (at_13["position"], at_13["stage"], at_13["owner"], at_13["owner_epoch"]) == (13, "VERIFIED", "worker-a", 1)
+
+    by_worker = {row["worker"]: row for row in lines(baton(tmp_path, "budgets", "--by", "worker", "--json").stdout)}
+    assert (by_worker["worker-a"]["calls"], by_worker["worker-b"]["calls"]) == (3, 1)
+
+
+def test_resume_of_a_run_with_a_lost_observation_needs_reconciliation(tmp_path: Path) -> None:
+    """Given a run whose last effect has no recorded outcome, when another worker asks to resume it, then the
+    answer is R5 naming the effect, and the lease transfer is among the reasons."""
+    store = f"sqlite:///{tmp_path / 'r5.db'}"
+    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    intent = {
+        "type": "record_intent",
+        "op_id": "push-1",
+        "kind": "effect",
+        "tool_contract": "git@2",
+        "context": {"turn": 1, "operation": "push", "arguments": {"branch": "main"}},
+        "idempotency_key": "k-1",
+    }
+    submissions = [
+        {"submission_id": "s1", "run_id": "r", "worker": "w1", "command": OPEN},
+        {
+            "submission_id": "s2",
+            "run_id": "r",
+            "worker": "w1",
+            "command": {"type": "acquire_lease", "placement": {"worker": "w1"}},
+        },
+        {"submission_id": "s3", "run_id": "r", "worker": "w1", "epoch": 1, "command": intent},
+    ]
+    stdin = "\n".join(json.dumps(s) for s in submissions) + "\n"
+    assert all(
+        v["verdict"] == "accepted" for v in lines(baton(tmp_path, "submit", "--store", store, stdin=stdin).stdout)
+    )
+
+    args = ("resume", "r", "--worker", "w2", "--tool-contract", "git@2", "--json", "--store", store)
+    resumed = json.loads(baton(tmp_path, *args).stdout)
+    assert resumed["resumability"]["class"] == "R5"
+    assert any("push-1" in reason for reason in resumed["resumability"]["reasons"])
+    assert any("epoch" in reason for reason in resumed["resumability"]["reasons"])
+    assert [u["op_id"] for u in resumed["uncertain"]] == ["push-1"]
+
+    missing = json.loads(baton(tmp_path, "resume", "r", "--worker", "w2", "--json", "--store", store).stdout)
+    assert missing["resumability"]["class"] == "MIGRATION_UNSAFE"
