@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from eventsourcing.persistence import InfrastructureFactory
+from eventsourcing.utils import Environment
+
 from adapters.clock import Clock
 from adapters.eventstore import RunLedger
 from adapters.settings import StoreSettings
+from adapters.views import PostgresViews, SQLiteViews, ViewRunner
 
-__all__ = ["init_store", "open_ledger"]
+__all__ = ["init_store", "open_ledger", "open_views"]
 
 
 def open_ledger(url: str | None = None, *, clock: Clock | None = None) -> RunLedger:
@@ -21,3 +25,33 @@ def init_store(url: str | None = None) -> StoreSettings:
     ledger = RunLedger(settings.env(create_table=True))
     ledger.close()
     return settings
+
+
+def open_views(url: str | None = None, *, batch_size: int = 1000) -> ViewRunner:
+    """The view runner on the store's own database: the ledger's log in, view tables out.
+
+    Creates the view tables if missing (idempotent; start one runner first if several start at
+    once). Tracking lives in the library's tracking table (``batonviews_tracking`` in
+    PostgreSQL, ``tracking`` in SQLite), keyed by the ledger's name.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    settings = StoreSettings.resolve(url)
+    ledger = open_ledger(url)
+    env = settings.env(create_table=True)
+    env.pop("APPLICATION_RECORDER_TOPIC")
+    factory = InfrastructureFactory.construct(Environment("BatonViews", env))
+    try:
+        store = factory.tracking_recorder(PostgresViews if settings.backend == "postgresql" else SQLiteViews)
+        assert isinstance(store, PostgresViews | SQLiteViews)
+    except BaseException:
+        ledger.close()
+        raise
+    return ViewRunner(
+        store,
+        ledger,
+        upstream=ledger.name,
+        batch_size=batch_size,
+        total=lambda: sum(row.head for row in ledger.runs()),
+        on_close=ledger.close,
+    )

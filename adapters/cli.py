@@ -8,8 +8,10 @@ SQLite file ``baton.db`` in the current directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -17,9 +19,10 @@ import msgspec
 from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
-from adapters.bootstrap import init_store, open_ledger
+from adapters.bootstrap import init_store, open_ledger, open_views
 from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
+from adapters.views import CatchUp, ProgressLine, ViewRunner
 from domain.budgets import COUNTERS
 from domain.canonical import short
 from domain.commands import Submission, Verdict
@@ -244,6 +247,36 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_views_catch_up(args: argparse.Namespace) -> int:
+    """Fold the events after the views' tracking position into them, one transaction per batch."""
+    with open_views(args.store, batch_size=args.batch_size) as runner:
+        if not args.follow:
+            _print_views(runner, "caught up", runner.catch_up())
+            return 0
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
+            runner.follow(threading.Event(), interval=args.interval)
+    return 0
+
+
+def cmd_views_rebuild(args: argparse.Namespace) -> int:
+    """Fold the whole log into fresh tables, then swap them in atomically; progress on stderr."""
+    with open_views(args.store, batch_size=args.batch_size) as runner:
+        progress = ProgressLine(sys.stderr, label="rebuild", total=runner.total_events())
+        try:
+            done = runner.rebuild(progress=progress)
+        finally:
+            progress.close()
+        _print_views(runner, "rebuilt", done)
+    return 0
+
+
+def _print_views(runner: ViewRunner, verb: str, done: CatchUp) -> None:
+    print(
+        f"{verb}: {done.events} events in {done.batches} batches ({done.rate:,.0f} events/s), position {done.position}"
+    )
+    print("  " + ", ".join(f"{table} {rows} rows" for table, rows in runner.counts().items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton: the run ledger for movable AI agents.")
     store = argparse.ArgumentParser(add_help=False)
@@ -290,7 +323,28 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of the wire format")
     schema.add_argument("what", nargs="?", default="submission", choices=["submission", "verdict", "event"])
     schema.set_defaults(func=cmd_schema)
+    _add_views_parser(sub, store)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_views_parser(sub: Any, store: argparse.ArgumentParser) -> None:
+    views = sub.add_parser("views", help="materialised views for analysts (docs/analytics.md)")
+    views_cmd = views.add_subparsers(dest="action", required=True)
+    catch_up = views_cmd.add_parser("catch-up", parents=[store], help="fold new events into the views")
+    catch_up.add_argument("--batch-size", type=_positive, default=1000, help="events per transaction")
+    catch_up.add_argument("--follow", action="store_true", help="keep polling for new events until Ctrl-C")
+    catch_up.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    catch_up.set_defaults(func=cmd_views_catch_up)
+    rebuild = views_cmd.add_parser("rebuild", parents=[store], help="rebuild the views under new names, then swap")
+    rebuild.add_argument("--batch-size", type=_positive, default=1000, help="events per transaction")
+    rebuild.set_defaults(func=cmd_views_rebuild)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,23 @@
+"""Materialised views for analysts: ``run_state`` and ``budget_usage``, maintained exactly once.
+
+The runner polls the event log (a parameter: any ``EventSource``) and applies it in batches; each
+batch writes view rows, per-run fold states and its tracking row in one transaction. See
+docs/analytics.md.
+"""
+
+from adapters.views.postgres_views import PostgresViews
+from adapters.views.progress import ProgressLine
+from adapters.views.runner import CatchUp, EventSource, ViewRunner
+from adapters.views.sqlite_views import SQLiteViews
+from adapters.views.tables import ViewStore, ViewTables
+
+__all__ = [
+    "CatchUp",
+    "EventSource",
+    "PostgresViews",
+    "ProgressLine",
+    "SQLiteViews",
+    "ViewRunner",
+    "ViewStore",
+    "ViewTables",
+]
