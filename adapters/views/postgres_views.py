@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
 
 from eventsourcing.persistence import InterfaceError, OperationalError, Tracking
 from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
 from eventsourcing.utils import retry
 from psycopg.sql import SQL, Composed, Identifier
 
-from adapters.views.rows import ViewBatch
+from adapters.views.rows import ViewBatch, run_state_params
 from adapters.views.tables import StaleBatch, ViewTables
 from domain.budgets import COUNTERS
 from domain.events import RecordedEvent
@@ -143,7 +142,7 @@ class PostgresViews(PostgresTrackingRecorder):
             stored = {row["run_id"]: bytes(row["state"]) for row in curs.fetchall()}
             batch = ViewBatch(stored).apply_all(event for _, event in events)
             curs.executemany(sql["fold"], batch.states())
-            curs.executemany(sql["run_state"], [_run_state_params(row) for row in batch.run_rows()])
+            curs.executemany(sql["run_state"], [run_state_params(row, _timestamp) for row in batch.run_rows()])
             budget = [(row.dimension, row.key, *row.counters()) for row in batch.budget_rows()]
             if budget:
                 curs.executemany(sql["budget"], budget)
@@ -220,16 +219,3 @@ class PostgresViews(PostgresTrackingRecorder):
 
     def close(self) -> None:
         self.datastore.close()
-
-
-def _run_state_params(row: Any) -> tuple[Any, ...]:
-    return (
-        row.run_id,
-        row.position,
-        row.stage,
-        row.status,
-        row.epoch,
-        row.owner,
-        row.resumability_class,
-        _timestamp(row.updated_at),
-    )

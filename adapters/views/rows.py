@@ -11,7 +11,7 @@ what comes out, all in one transaction. Nothing here re-implements a projection:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -169,3 +169,17 @@ class ViewBatch:
     def budget_rows(self) -> list[BudgetRow]:
         """The batch's additions per ``(dimension, key)``, in key order (the order rows are locked in)."""
         return [BudgetRow(dimension, key, usage) for (dimension, key), usage in sorted(self._budget.rows.items())]
+
+
+def run_state_params(row: RunStateRow, timestamp: Callable[[int], object]) -> tuple[object, ...]:
+    """A ``run_state`` row as SQL parameters, in column order; each backend spells time its way."""
+    return (
+        row.run_id,
+        row.position,
+        row.stage,
+        row.status,
+        row.epoch,
+        row.owner,
+        row.resumability_class,
+        timestamp(row.updated_at),
+    )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from eventsourcing.persistence import Tracking
 from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTrackingRecorder
 
-from adapters.views.rows import RunStateRow, ViewBatch
+from adapters.views.rows import ViewBatch, run_state_params
 from adapters.views.tables import StaleBatch, ViewTables
 from domain.budgets import COUNTERS
 from domain.events import RecordedEvent
@@ -105,7 +105,7 @@ class SQLiteViews(SQLiteTrackingRecorder):
                 "SET position = excluded.position, stage = excluded.stage, status = excluded.status, "
                 "epoch = excluded.epoch, owner = excluded.owner, resumability_class = excluded.resumability_class, "
                 "updated_at = excluded.updated_at",
-                [_run_state_params(row) for row in batch.run_rows()],
+                [run_state_params(row, iso_utc) for row in batch.run_rows()],
             )
             added = ", ".join(f"{name} = {budget_usage}.{name} + excluded.{name}" for name in COUNTERS)
             c.executemany(
@@ -147,16 +147,3 @@ class SQLiteViews(SQLiteTrackingRecorder):
 
     def close(self) -> None:
         self.datastore.close()
-
-
-def _run_state_params(row: RunStateRow) -> tuple[object, ...]:
-    return (
-        row.run_id,
-        row.position,
-        row.stage,
-        row.status,
-        row.epoch,
-        row.owner,
-        row.resumability_class,
-        iso_utc(row.updated_at),
-    )
