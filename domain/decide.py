@@ -126,27 +126,33 @@ def _check_ids(submission: Submission) -> None:
         raise errors.Malformed("epoch cannot be negative")
 
 
-def _check_bounds(value: Any, path: str) -> None:
+def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: this runs per submission
     """Every string and list outside the opaque payloads is bounded, and no blob size is negative.
 
     Opaque payloads (arguments, results) are bounded as a whole by ``MAX_INLINE_BYTES`` instead.
+    Errors name the field by its key; this walk runs for every submission, so it builds no paths.
     """
-    if isinstance(value, str):
-        limit = MAX_ID_LENGTH if path.rsplit(".", 1)[-1] in _ID_FIELDS else MAX_TEXT_LENGTH
+    kind = type(value)
+    if kind is str:
+        limit = MAX_ID_LENGTH if key in _ID_FIELDS else MAX_TEXT_LENGTH
         if len(value) > limit:
-            raise errors.Malformed(f"{path} is {len(value)} characters; the limit is {limit}")
-    elif isinstance(value, list):
+            raise errors.Malformed(f"{key} is {len(value)} characters; the limit is {limit}")
+    elif kind is list:
         if len(value) > MAX_LIST_ITEMS:
-            raise errors.Malformed(f"{path} has {len(value)} items; the limit is {MAX_LIST_ITEMS}")
-        for index, item in enumerate(value):
-            _check_bounds(item, f"{path}[{index}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if key in OPAQUE_KEYS:
+            raise errors.Malformed(f"{key} has {len(value)} items; the limit is {MAX_LIST_ITEMS}")
+        for item in value:
+            _check_bounds(item, key)
+    elif kind is dict:
+        for name, item in value.items():
+            if name in OPAQUE_KEYS:
                 continue
-            if key == "size" and isinstance(item, int) and item < 0:
-                raise errors.Malformed(f"{path}.size cannot be negative")
-            _check_bounds(item, f"{path}.{key}")
+            if name == "size" and type(item) is int and item < 0:
+                raise errors.Malformed(f"{key}.size cannot be negative")
+            if type(item) in _CONTAINERS:
+                _check_bounds(item, name)
+
+
+_CONTAINERS = (str, list, dict)
 
 
 def _ttl_us(ttl_ms: int) -> int:
