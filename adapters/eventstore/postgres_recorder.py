@@ -147,21 +147,28 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                     "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.baton_refuse_change()"
                 ).format(target=target, **fmt),
             ]
-        self.append_statement = SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 20) + ")").format(**fmt)
-        self.append_one_statement = SQL(
-            "WITH f AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
-            "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
-            "status = %(status)s WHERE run_id = %(run_id)s AND head = %(expected_head)s "
-            "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
-            "AND holder IS NOT DISTINCT FROM %(expected_holder)s::text RETURNING run_id), "
-            "s AS (INSERT INTO {schema}.baton_submissions "
-            "SELECT %(submission_id)s, run_id, %(content_digest)s, %(new_head)s FROM f) "
-            "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state, notification_id) "
-            "SELECT run_id, %(new_head)s, %(topic)s, %(state)s, (pg_current_xact_id()::text::bigint << 16) + 1 "
-            "FROM f RETURNING notification_id"
-        ).format(**fmt)
-        self.select_run_statement = SQL("SELECT head, epoch, holder FROM {schema}.baton_runs WHERE run_id = %s").format(
-            **fmt
+        # Rendered to plain strings once: psycopg would re-render a Composed query on every execute.
+        self.append_statement = (
+            SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 20) + ")").format(**fmt).as_string(None)
+        )
+        self.append_one_statement = (
+            SQL(
+                "WITH f AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
+                "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
+                "status = %(status)s WHERE run_id = %(run_id)s AND head = %(expected_head)s "
+                "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
+                "AND holder IS NOT DISTINCT FROM %(expected_holder)s::text RETURNING run_id), "
+                "s AS (INSERT INTO {schema}.baton_submissions "
+                "SELECT %(submission_id)s, run_id, %(content_digest)s, %(new_head)s FROM f) "
+                "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state, notification_id) "
+                "SELECT run_id, %(new_head)s, %(topic)s, %(state)s, (pg_current_xact_id()::text::bigint << 16) + 1 "
+                "FROM f RETURNING notification_id"
+            )
+            .format(**fmt)
+            .as_string(None)
+        )
+        self.select_run_statement = (
+            SQL("SELECT head, epoch, holder FROM {schema}.baton_runs WHERE run_id = %s").format(**fmt).as_string(None)
         )
         self.safe_bound = SQL("(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 16)")
         self.max_notification_id_statement = (
@@ -196,7 +203,18 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         curs.execute(
             self.append_one_statement,
             {
-                **{name: getattr(fence, name) for name in _FENCE_FIELDS},
+                "run_id": fence.run_id,
+                "expected_head": fence.expected_head,
+                "expected_head_digest": fence.expected_head_digest,
+                "expected_epoch": fence.expected_epoch,
+                "expected_holder": fence.expected_holder,
+                "new_head": fence.new_head,
+                "new_head_digest": fence.new_head_digest,
+                "new_epoch": fence.new_epoch,
+                "new_holder": fence.new_holder,
+                "new_expires_at": fence.new_expires_at,
+                "stage": fence.stage,
+                "status": fence.status,
                 "submission_id": row.submission_id,
                 "content_digest": row.content_digest,
                 "topic": event.topic,
