@@ -10,7 +10,6 @@ class is the strongest of them. See docs/resumability.md.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -61,7 +60,17 @@ def summarize(events: Iterable[RecordedEvent], run_id: str = "") -> RunSummary:
 def summary_of(fold: PortableStateFold) -> RunSummary:
     """The classification input from a fold (possibly continued from a snapshot)."""
     state = fold.state
-    return RunSummary(copy.deepcopy(state.run), fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
+    run = _copy_run(state.run)
+    return RunSummary(run, fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
+
+
+_run_encoder = msgspec.msgpack.Encoder()
+_run_decoder = msgspec.msgpack.Decoder(RunState)
+
+
+def _copy_run(run: RunState) -> RunState:
+    """A deep copy through msgpack: several times faster than ``copy.deepcopy`` for large runs."""
+    return _run_decoder.decode(_run_encoder.encode(run))
 
 
 def classify(summary: RunSummary, target: Placement, now: int) -> Resumability:  # noqa: C901
