@@ -22,6 +22,7 @@ COUNTERS = (
     "cost_micros",
     "iterations",
     "stages",
+    "reserved_fuel",
 )
 
 
@@ -47,6 +48,7 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cost_micros: int = 0
     iterations: int = 0
     stages: int = 0
+    reserved_fuel: int = 0
 
     def plus(self, other: Usage) -> Usage:
         """Checked addition of every counter (plain additions, then one range check: hot path)."""
@@ -58,6 +60,7 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             self.cost_micros + other.cost_micros,
             self.iterations + other.iterations,
             self.stages + other.stages,
+            self.reserved_fuel + other.reserved_fuel,
         )
         if min(msgspec.structs.astuple(other)) < 0 or max(msgspec.structs.astuple(total)) > MAX_COUNTER:
             for name in COUNTERS:  # slow path: name the counter, with the same errors as checked_add
@@ -82,6 +85,7 @@ class Ceilings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cost_micros: int | None = None
     iterations: int | None = None
     stages: int | None = None
+    reserved_fuel: int | None = None
 
     def validate(self) -> None:
         for name in COUNTERS:

@@ -27,6 +27,7 @@ __all__ = [
     "RecordTransition",
     "ReleaseLease",
     "RenewLease",
+    "ReserveStage",
     "SealCheckpoint",
     "Submission",
     "Verdict",
@@ -60,6 +61,13 @@ class ReleaseLease(_Command, tag="release_lease", frozen=True):
 
 class ExpireLease(_Command, tag="expire_lease", frozen=True):
     """Any worker (or a supervisor) may record that the clock has passed a lease's expiry."""
+
+
+class ReserveStage(_Command, tag="reserve_stage", frozen=True):
+    """Reserve fuel before a stage runs, also when the stage is replayed after a move."""
+
+    stage_id: str
+    fuel: int
 
 
 class RecordIntent(_Command, tag="record_intent", frozen=True):
@@ -117,6 +125,7 @@ Command = (
     | RenewLease
     | ReleaseLease
     | ExpireLease
+    | ReserveStage
     | RecordIntent
     | RecordObservation
     | ReconcileIntent

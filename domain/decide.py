@@ -25,6 +25,7 @@ from domain.commands import (
     RecordTransition,
     ReleaseLease,
     RenewLease,
+    ReserveStage,
     SealCheckpoint,
     Submission,
 )
@@ -43,6 +44,7 @@ from domain.events import (
     RunCompleted,
     RunFailed,
     RunOpened,
+    StageReserved,
     TransitionRecorded,
 )
 from domain.stages import Stage, is_legal
@@ -62,7 +64,9 @@ MAX_ID_LENGTH = 200
 MAX_TEXT_LENGTH = 4096
 MAX_LIST_ITEMS = 256
 MAX_INLINE_BYTES = 64 * 1024
-_ID_FIELDS = frozenset({"op_id", "checkpoint_id", "idempotency_key", "tool_contract", "worker", "release_id"})
+_ID_FIELDS = frozenset(
+    {"op_id", "stage_id", "checkpoint_id", "idempotency_key", "tool_contract", "worker", "release_id"}
+)
 MAX_TTL_MS = 24 * 3600 * 1000
 _CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
 
@@ -94,6 +98,11 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
     if isinstance(command, ReleaseLease):
         return [LeaseReleased(submission.worker, state.epoch)]
+    if isinstance(command, ReserveStage):
+        if command.fuel < 0:
+            raise errors.Malformed("fuel cannot be negative")
+        charge = _charged(state, Usage(reserved_fuel=command.fuel))
+        return [StageReserved(command.stage_id, command.fuel, charge)]
     if isinstance(command, RecordIntent):
         return [_intent(state, command)]
     if isinstance(command, RecordObservation):

@@ -32,6 +32,7 @@ __all__ = [
     "RunCompleted",
     "RunFailed",
     "RunOpened",
+    "StageReserved",
     "TransitionRecorded",
 ]
 
@@ -113,6 +114,14 @@ class LeaseExpired(_Event, tag=True, frozen=True):
     expired_at: int
 
 
+class StageReserved(_Event, tag=True, frozen=True):
+    """Fuel set aside before a stage runs; never refunded, and reserved again when replayed."""
+
+    stage_id: str
+    fuel: int
+    charge: Usage
+
+
 class IntentRecorded(_Event, tag=True, frozen=True):
     op_id: str
     kind: Literal["effect", "pure"]
@@ -173,6 +182,7 @@ Event = (
     | LeaseRenewed
     | LeaseReleased
     | LeaseExpired
+    | StageReserved
     | IntentRecorded
     | ObservationRecorded
     | IntentReconciled
@@ -190,6 +200,7 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         LeaseRenewed,
         LeaseReleased,
         LeaseExpired,
+        StageReserved,
         IntentRecorded,
         ObservationRecorded,
         IntentReconciled,

@@ -86,6 +86,9 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
     state.version = recorded.position
     state.head_digest = recorded.digest
     body = recorded.body
+    charge: Usage | None = getattr(body, "charge", None)
+    if charge is not None:
+        state.usage = state.usage.plus(charge)
     if isinstance(body, RunOpened):
         state.opened = True
         state.release_id = body.release_id
@@ -101,27 +104,20 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
     elif isinstance(body, LeaseReleased | LeaseExpired):
         state.lease = None
     elif isinstance(body, IntentRecorded):
-        state.usage = state.usage.plus(body.charge)
         state.operations[body.op_id] = OpRecord(
             body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position
         )
         state.uncertain[body.op_id] = recorded.epoch
     elif isinstance(body, ObservationRecorded):
-        state.usage = state.usage.plus(body.charge)
         _settle(state, body.op_id, "observed" if body.outcome == "ok" else "failed", recorded)
     elif isinstance(body, IntentReconciled):
-        state.usage = state.usage.plus(body.charge)
         _settle(state, body.op_id, "reconciled", recorded)
     elif isinstance(body, TransitionRecorded):
-        state.usage = state.usage.plus(body.charge)
         state.stage = body.to_stage
     elif isinstance(body, CheckpointSealed):
         state.last_checkpoint_id = body.checkpoint_id
-    elif isinstance(body, RunCompleted):
-        state.status = "completed"
-        state.lease = None
-    elif isinstance(body, RunFailed):
-        state.status = "failed"
+    elif isinstance(body, RunCompleted | RunFailed):
+        state.status = "completed" if isinstance(body, RunCompleted) else "failed"
         state.lease = None
 
 

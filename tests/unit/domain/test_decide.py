@@ -24,6 +24,7 @@ from domain.commands import (
     RecordTransition,
     ReleaseLease,
     RenewLease,
+    ReserveStage,
     SealCheckpoint,
     Submission,
 )
@@ -41,6 +42,7 @@ from domain.events import (
     RunCompleted,
     RunFailed,
     RunOpened,
+    StageReserved,
     TransitionRecorded,
 )
 from domain.stages import Stage
@@ -891,3 +893,50 @@ def test_intent_with_a_huge_op_id_is_rejected() -> None:
     huge = "o" * 1_000_000
 
     assert history.rejects(intent(huge)).reason in {"malformed", "payload_too_large"}
+
+
+# --------------------------------------------------------------------------------------------------
+# reserve_stage
+# --------------------------------------------------------------------------------------------------
+
+
+def test_reserve_stage_records_the_reservation_and_charges_reserved_fuel() -> None:
+    """Given a leased run, when the holder reserves fuel for a stage, then StageReserved charges reserved_fuel."""
+    history = given().opened().leased(W1)
+
+    events = history.when(ReserveStage("verify-1", 250))
+
+    assert events == [StageReserved("verify-1", 250, Usage(reserved_fuel=250))]
+
+
+def test_a_replayed_stage_reserves_again_and_nothing_is_refunded() -> None:
+    """Given a stage already reserved, when it is reserved again (a replay after a move), then usage only grows."""
+    history = given().opened().leased(W1)
+    history.record(ReserveStage("verify-1", 250))
+    history.record(ReserveStage("verify-1", 250))
+
+    assert history.state.usage.reserved_fuel == 500
+
+
+def test_reserving_past_the_reserved_fuel_ceiling_is_budget_exceeded() -> None:
+    """Given a reserved_fuel ceiling, when a reservation would pass it, then it is rejected whole."""
+    history = given().opened(Ceilings(reserved_fuel=300)).leased(W1)
+    history.record(ReserveStage("stage-1", 200))
+
+    assert history.rejects(ReserveStage("stage-2", 101)).reason == "budget_exceeded"
+
+
+@pytest.mark.parametrize(("command", "reason"), [(ReserveStage("s", -1), "malformed")])
+def test_reserve_stage_rejections(command: ReserveStage, reason: str) -> None:
+    """A negative reservation is malformed."""
+    assert given().opened().leased(W1).rejects(command).reason == reason
+
+
+def test_reserve_stage_by_a_stale_epoch_is_refused() -> None:
+    """Given a takeover, when the old holder reserves fuel, then it is stale_epoch with the current epoch."""
+    history = given().opened().leased(W1).advance(seconds(60)).leased(W2)
+
+    rejection = history.rejects(ReserveStage("s", 1), worker=W1, epoch=1)
+
+    assert rejection.reason == "stale_epoch"
+    assert getattr(rejection, "current_epoch", None) == 2
