@@ -39,16 +39,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import functools
 import hashlib
 import json
 import multiprocessing as mp
 import os
-import platform
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +52,6 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -74,6 +69,7 @@ from adapters.eventstore import RunLedger  # noqa: E402
 from adapters.eventstore.postgres_recorder import FencedPostgresRecorder  # noqa: E402
 from adapters.local_servers import LocalPostgres  # noqa: E402
 from adapters.settings import StoreSettings  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
 from domain.commands import AcquireLease, OpenRun, RecordIntent, RenewLease, Submission  # noqa: E402
 from domain.events import BlobRef, IntentContext, Placement  # noqa: E402
 
@@ -876,40 +872,6 @@ def bench_backend(target: Target, plan: Plan, pool: WriterPool) -> list[Row]:
 
 
 # -- report -----------------------------------------------------------------------------------------
-
-
-def _git_state() -> str:
-    """The commit measured, and whether the working tree had uncommitted changes."""
-    try:
-        run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
-        commit = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
-        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git)"
-    return f"{commit}{' + uncommitted changes' if dirty else ''}"
-
-
-def machine_info() -> dict[str, str]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for dist in ("eventsourcing", "psycopg", "psycopg-binary", "msgspec"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[dist] = metadata.version(dist)
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "code": _git_state(),
-        "nproc": f"{len(os.sched_getaffinity(0))} (os.cpu_count={os.cpu_count()})",
-        "cpu": cpu,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_at_start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
-        **versions,
-    }
 
 
 def _fmt_rate(x: float) -> str:

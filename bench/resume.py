@@ -51,14 +51,12 @@ import argparse
 import collections
 import contextlib
 import cProfile
-import datetime as dt
 import functools
 import gc
 import importlib.util
 import io
 import json
 import os
-import platform
 import pstats
 import signal
 import sqlite3
@@ -71,7 +69,6 @@ import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +82,7 @@ import psycopg  # noqa: E402
 from adapters import bootstrap  # noqa: E402
 from adapters.eventstore import RunLedger  # noqa: E402
 from adapters.eventstore.ledger import SNAPSHOT_EVERY  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
 from domain.commands import AcquireLease, OpenRun, RecordIntent, RecordObservation, Submission  # noqa: E402
 from domain.decide import context_digest  # noqa: E402
 from domain.events import BlobRef, IntentContext, Placement, RecordedEvent  # noqa: E402
@@ -727,39 +725,6 @@ def profile_resume(plan: Plan) -> str:
 
 
 # -- report ------------------------------------------------------------------------------------------------
-
-
-def _git_state() -> str:
-    try:
-        run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
-        commit = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
-        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git)"
-    return f"{commit}{' + uncommitted changes' if dirty else ''}"
-
-
-def machine_info() -> dict[str, str]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for dist in ("eventsourcing", "psycopg", "psycopg-binary", "msgspec"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[dist] = metadata.version(dist)
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "code": _git_state(),
-        "nproc": f"{len(os.sched_getaffinity(0))} (os.cpu_count={os.cpu_count()})",
-        "cpu": cpu,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_at_start": " ".join(f"{x:.2f}" for x in loadavg()),
-        **versions,
-    }
 
 
 def _ms(seconds: Sequence[float]) -> str:
