@@ -47,7 +47,7 @@ _json = msgspec.json.Encoder()
 
 
 def _ledger(args: argparse.Namespace) -> RunLedger:
-    return open_ledger(args.store)
+    return open_ledger(args.store, one_shot=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
