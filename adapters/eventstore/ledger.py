@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import ClassVar
 
 import msgspec
@@ -85,8 +85,13 @@ class RunLedger(Application[str]):
 
     def history(
         self, run_id: str, *, after: int = 0, upto: int | None = None, page: int = 1000
-    ) -> Iterator[RecordedEvent]:
-        """A run's events in position order, fetched page by page so memory stays flat."""
+    ) -> Generator[RecordedEvent, None, None]:
+        """A run's events in position order, streamed (or fetched page by page) so memory stays flat."""
+        stream = getattr(self.recorder, "stream_events", None)
+        if stream is not None:
+            for topic, state in stream(run_id, after=after, upto=upto):
+                yield decode_recorded(topic, state)
+            return
         while True:
             last = after + page if upto is None else min(after + page, upto)
             batch = self.stored(run_id, after=after, upto=last)
@@ -107,11 +112,16 @@ class RunLedger(Application[str]):
         if fold is None:
             fold = PortableStateFold(run_id)
         start, folded = fold.run.version, 0
-        for event in self.history(run_id, after=start):
-            if folded == 0 and start and event.prev_digest != fold.run.head_digest:
-                return self.resume_fold(run_id, snapshots=False)
-            fold.apply(event)
-            folded += 1
+        chained = True
+        with contextlib.closing(self.history(run_id, after=start)) as events:  # frees the stream's connection
+            for event in events:
+                if folded == 0 and start and event.prev_digest != fold.run.head_digest:
+                    chained = False  # the snapshot does not chain onto the log: ignore it
+                    break
+                fold.apply(event)
+                folded += 1
+        if not chained:
+            return self.resume_fold(run_id, snapshots=False)
         if snapshots and folded >= SNAPSHOT_EVERY:
             self._write_snapshot(fold)
         return fold

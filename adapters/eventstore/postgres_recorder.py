@@ -11,7 +11,7 @@ that commits later. A long-open writing transaction delays readers; it never mak
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -170,6 +170,11 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.select_run_statement = (
             SQL("SELECT head, epoch, holder FROM {schema}.baton_runs WHERE run_id = %s").format(**fmt).as_string(None)
         )
+        stream = "SELECT topic, state FROM {schema}.{table} WHERE originator_id = %s AND originator_version > %s"
+        self.stream_statement = SQL(stream + " ORDER BY originator_version").format(**fmt).as_string(None)
+        self.stream_upto_statement = (
+            SQL(stream + " AND originator_version <= %s ORDER BY originator_version").format(**fmt).as_string(None)
+        )
         self.safe_bound = SQL("(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 16)")
         self.max_notification_id_statement = (
             SQL("SELECT MAX(notification_id) FROM {schema}.{table} WHERE notification_id < ").format(**fmt)
@@ -230,6 +235,20 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         if current is None:
             raise AppendConflict(f"run {fence.run_id!r} has no run row")
         raise FenceViolation(fence.run_id, current["head"], current["epoch"], current["holder"])
+
+    def stream_events(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[tuple[str, bytes]]:
+        """(topic, state) of a run's events in position order through one server-side cursor.
+
+        One query instead of a page per 1000 events, and only the two columns a fold needs; rows
+        arrive 1000 at a time, so memory stays flat however long the run is.
+        """
+        statement = self.stream_statement if upto is None else self.stream_upto_statement
+        params = (run_id, after) if upto is None else (run_id, after, upto)
+        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor(name="baton_stream") as curs:
+            curs.itersize = 1000
+            curs.execute(statement, params)
+            for row in curs:
+                yield row["topic"], bytes(row["state"])
 
     def select_notifications(
         self,
