@@ -58,6 +58,21 @@ T0 = 1_700_000_000_000_000  # microseconds since the epoch, like the store's inj
 TASK = BlobRef("sha256:" + "a" * 64, 42, "blob://task")
 
 
+def altered(value: Any) -> Any:
+    """A different value of the same kind (so a tamper is never a mere re-spelling)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return value + "!"
+    if isinstance(value, list):
+        return [*value, "!"]
+    if isinstance(value, dict):
+        return {**value, "!": "!"}
+    return "!"  # None
+
+
 def seconds(n: int) -> int:
     """``n`` seconds in the clock's unit (microseconds)."""
     return n * 1_000_000

@@ -56,7 +56,7 @@ from domain.events import BlobRef, FailureReason, IntentContext, LeaseGranted, R
 from domain.stages import Stage, is_legal
 from domain.state import RunState, evolve, fold
 
-from .given import RUN, T0, TASK, W1, W2, W3, placement
+from .given import RUN, T0, TASK, W1, W2, W3, altered, placement
 
 WORKERS = (W1, W2, W3)
 OPS = ("op-0", "op-1", "op-2", "op-3")
@@ -190,27 +190,12 @@ def _leaf_paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
     return [path]
 
 
-def _altered(value: Any) -> Any:
-    """A different value of the same kind (so the change is never a mere re-spelling)."""
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, str):
-        return value + "!"
-    if isinstance(value, list):
-        return [*value, "!"]
-    if isinstance(value, dict):
-        return {**value, "!": "!"}
-    return "!"  # None
-
-
 def _with_altered_leaf(envelope: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any]:
     tampered = copy.deepcopy(envelope)
     parent: Any = tampered
     for step in path[:-1]:
         parent = parent[step]
-    parent[path[-1]] = _altered(parent[path[-1]])
+    parent[path[-1]] = altered(parent[path[-1]])
     return tampered
 
 

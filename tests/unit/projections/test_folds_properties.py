@@ -21,7 +21,7 @@ from projections.portable_state import PortableStateFold, portable_state
 from projections.replay import ReplayFold, replay_prefix
 from projections.resumability import ResumabilityClass, classify, summarize, summary_of
 
-from ..domain.given import RUN, placement
+from ..domain.given import RUN, altered, placement
 from .histories import WORKERS, histories
 
 PROPERTIES = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,27 +143,13 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return [path] if path else []
 
 
-def _altered(value: Any) -> Any:
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, str):
-        return value + "!"
-    if isinstance(value, list):
-        return [*value, "!"]
-    if isinstance(value, dict):
-        return {**value, "!": "!"}
-    return "!"
-
-
 def _resealed(events: list[RecordedEvent], index: int, path: tuple[Any, ...]) -> list[RecordedEvent] | None:
     """``events`` with one leaf of event ``index`` changed and the chain re-sealed from there on."""
     envelope = msgspec.to_builtins(events[index])
     parent = envelope
     for step in path[:-1]:
         parent = parent[step]
-    parent[path[-1]] = _altered(parent[path[-1]])
+    parent[path[-1]] = altered(parent[path[-1]])
     try:
         changed = msgspec.convert(envelope, RecordedEvent)
     except msgspec.ValidationError:
