@@ -48,7 +48,7 @@ from domain.events import (
     TransitionRecorded,
 )
 from domain.stages import Stage, is_legal
-from domain.state import RunState
+from domain.state import OpRecord, RunState
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -236,10 +236,10 @@ def _inline_size(value: Any, what: str) -> int:
 
 
 def _intent(state: RunState, command: RecordIntent) -> IntentRecorded:
-    if command.op_id in state.operations:
+    if command.op_id in _intended(state):
         raise errors.DuplicateOperation(f"operation {command.op_id!r} already has an intent")
     if command.kind == "effect":
-        older = sorted(op for op, epoch in state.uncertain.items() if epoch < state.epoch)
+        older = sorted(op.op_id for op in state.operations.values() if op.epoch < state.epoch)
         if older:
             msg = f"uncertain intents from an earlier epoch must be reconciled first: {older}"
             raise errors.UncertainIntent(msg)
@@ -272,11 +272,7 @@ def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, re
 
 
 def _observation(state: RunState, command: RecordObservation) -> ObservationRecorded:
-    op = state.operations.get(command.op_id)
-    if op is None:
-        raise errors.UnknownOperation(f"no intent recorded for operation {command.op_id!r}")
-    if op.status != "uncertain":
-        raise errors.AlreadyObserved(f"operation {command.op_id!r} is already {op.status}")
+    op = _open_operation(state, command.op_id)
     if op.epoch != state.epoch:
         msg = f"operation {command.op_id!r} was intended at epoch {op.epoch}; reconcile it instead"
         raise errors.ReconciliationRequired(msg)
@@ -299,11 +295,7 @@ def _observation(state: RunState, command: RecordObservation) -> ObservationReco
 
 
 def _reconcile(state: RunState, command: ReconcileIntent) -> IntentReconciled:
-    op = state.operations.get(command.op_id)
-    if op is None:
-        raise errors.UnknownOperation(f"no intent recorded for operation {command.op_id!r}")
-    if op.status != "uncertain":
-        raise errors.AlreadyObserved(f"operation {command.op_id!r} is already {op.status}")
+    _open_operation(state, command.op_id)
     if not command.evidence:
         raise errors.Malformed("reconciliation needs evidence")
     charge = _outcome_charge(state, command.result, command.result_ref, command.usage)
@@ -320,7 +312,22 @@ def _transition(state: RunState, command: RecordTransition) -> TransitionRecorde
     return TransitionRecorded(state.stage, command.to_stage, command.state_digest, charge, command.state_ref)
 
 
+def _intended(state: RunState) -> set[str]:
+    if state.op_ids is None:
+        raise TypeError("decide needs a write-side RunState: this one was folded without operation ids")
+    return state.op_ids
+
+
+def _open_operation(state: RunState, op_id: str) -> OpRecord:
+    op = state.operations.get(op_id)
+    if op is not None:
+        return op
+    if op_id in _intended(state):
+        raise errors.AlreadyObserved(f"operation {op_id!r} already has a recorded outcome")
+    raise errors.UnknownOperation(f"no intent recorded for operation {op_id!r}")
+
+
 def _require_settled(state: RunState, action: str) -> None:
-    if state.uncertain:
-        msg = f"cannot {action} with uncertain intents: {sorted(state.uncertain)}"
+    if state.operations:
+        msg = f"cannot {action} with uncertain intents: {sorted(state.operations)}"
         raise errors.UncertainIntent(msg)

@@ -35,6 +35,14 @@ __all__ = [
     "SubmissionConflict",
     "UncertainIntent",
     "UnknownOperation",
+    # handoff documents, state migration and credential screening
+    "CredentialInPayload",
+    "DocumentTooLarge",
+    "HandoffDigestMismatch",
+    "InconsistentDocument",
+    "MigrationMissing",
+    "NoncanonicalDocument",
+    "PriorUsageExhaustsDestination",
 ]
 
 
@@ -180,3 +188,49 @@ class ConcurrencyConflict(BatonError):
 class StoreUnavailable(BatonError):
     reason = "store_unavailable"
     retryable = True
+
+
+class NoncanonicalDocument(Rejection):
+    """A handoff document whose bytes are not exactly its canonical encoding (or that has none)."""
+
+    reason = "noncanonical_document"
+
+
+class DocumentTooLarge(Rejection):
+    """A handoff document past the size bound; refused before it is parsed."""
+
+    reason = "document_too_large"
+
+
+class HandoffDigestMismatch(Rejection):
+    """A handoff document whose digest is not the one the trusted caller expects.
+
+    Shares its reason code with ``ChainBroken``: both say "these bytes are not the bytes that were
+    bound"; a verdict's ``rejected`` tells a refused input apart from a corrupt store.
+    """
+
+    reason = "digest_mismatch"
+
+
+class InconsistentDocument(Rejection):
+    """A canonical handoff document whose fields contradict each other (e.g. usage versus checkpoint)."""
+
+    reason = "inconsistent_document"
+
+
+class CredentialInPayload(Rejection):
+    """A payload carries credential material; authority travels by reference only."""
+
+    reason = "credential_in_payload"
+
+
+class PriorUsageExhaustsDestination(Rejection):
+    """The usage carried into a handoff already reaches a ceiling the destination must honour."""
+
+    reason = "prior_usage_exhausts_destination"
+
+
+class MigrationMissing(Rejection):
+    """No chain of registered migrations leads from the state's schema version to the target's."""
+
+    reason = "migration_missing"

@@ -34,8 +34,6 @@ from domain.stages import Stage
 
 __all__ = ["Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
 
-OpStatus = Literal["uncertain", "observed", "failed", "reconciled"]
-
 
 class Lease(msgspec.Struct, frozen=True):
     worker: str
@@ -44,14 +42,14 @@ class Lease(msgspec.Struct, frozen=True):
     placement: Placement
 
 
-class OpRecord(msgspec.Struct):
+class OpRecord(msgspec.Struct, frozen=True):
+    """An operation whose intent is recorded and whose outcome is not (yet): it is uncertain."""
+
     op_id: str
     kind: Literal["effect", "pure"]
     context_digest: str
     epoch: int
     intent_position: int
-    status: OpStatus = "uncertain"
-    outcome_position: int | None = None
 
 
 class RunState(msgspec.Struct):
@@ -68,8 +66,12 @@ class RunState(msgspec.Struct):
     epoch: int = 0
     lease: Lease | None = None
     status: Literal["open", "completed", "failed"] = "open"
+    # open operations only: a settled one leaves this map, so the state stays small however long
+    # the run; what settled operations recorded is read back from the log when a resume replays it
     operations: dict[str, OpRecord] = {}
-    uncertain: dict[str, int] = {}
+    # every op id ever intended, for the duplicate/unknown/already-settled rules of ``decide``;
+    # ``None`` in folds that never decide (resume, views), whose size must not grow with the run
+    op_ids: set[str] | None = set()
     last_checkpoint_id: str | None = None
 
     @property
@@ -107,11 +109,10 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
         state.operations[body.op_id] = OpRecord(
             body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position
         )
-        state.uncertain[body.op_id] = recorded.epoch
-    elif isinstance(body, ObservationRecorded):
-        _settle(state, body.op_id, "observed" if body.outcome == "ok" else "failed", recorded)
-    elif isinstance(body, IntentReconciled):
-        _settle(state, body.op_id, "reconciled", recorded)
+        if state.op_ids is not None:
+            state.op_ids.add(body.op_id)
+    elif isinstance(body, ObservationRecorded | IntentReconciled):
+        state.operations.pop(body.op_id, None)
     elif isinstance(body, TransitionRecorded):
         state.stage = body.to_stage
     elif isinstance(body, CheckpointSealed):
@@ -119,13 +120,6 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
     elif isinstance(body, RunCompleted | RunFailed):
         state.status = "completed" if isinstance(body, RunCompleted) else "failed"
         state.lease = None
-
-
-def _settle(state: RunState, op_id: str, status: OpStatus, recorded: RecordedEvent) -> None:
-    op = state.operations[op_id]
-    op.status = status
-    op.outcome_position = recorded.position
-    state.uncertain.pop(op_id, None)
 
 
 def _own(state: RunState) -> RunState:

@@ -11,69 +11,53 @@ from collections.abc import Iterable
 
 import msgspec
 
-from domain.budgets import Ceilings, Usage
 from domain.canonical import canonical_bytes, digest_of
+from domain.checkpoint import PortableState
 from domain.events import (
     BlobRef,
     CheckpointSealed,
+    IntentReconciled,
     IntentRecorded,
     LeaseGranted,
+    ObservationRecorded,
     Placement,
     RecordedEvent,
     RunOpened,
     TransitionRecorded,
 )
 from domain.state import RunState, apply
-from projections.replay import ReplayFold, ReplayStep
+from projections.replay import ReplayFold, ReplayWindow
 
-__all__ = ["PortableState", "PortableStateFold", "ResumeState", "portable_state"]
+__all__ = ["PortableState", "PortableStateFold", "ResumeState", "fresh_resume_state", "portable_state"]
 
 _CHECKPOINT_PREFIX = b"baton.checkpoint.v1\x00"
 _MANIFEST_PREFIX = b"baton.observation-manifest.v1\x00"
-_LEDGER_PREFIX = b"baton.operation-ledger.v1\x00"
+_LEDGER_PREFIX = b"baton.operation-ledger.v2\x00"
 _BUDGET_PREFIX = b"baton.budget-ledger.v1\x00"
 _AUTHORITY_PREFIX = b"baton.authority-context.v1\x00"
-
-
-class PortableState(msgspec.Struct, frozen=True):
-    run_id: str
-    position: int
-    checkpoint_id: str
-    release_id: str
-    state_schema_name: str
-    state_schema_version: int
-    stage: str
-    status: str
-    task_state_ref: BlobRef | None
-    task_state_digest: str
-    observation_manifest_ref: str
-    operation_ledger_ref: str
-    authority_context_ref: str
-    budget_ledger_ref: str
-    usage: Usage
-    ceilings: Ceilings
-    placement: Placement | None
-    owner_epoch: int
-    owner: str | None
-    last_sealed_checkpoint: str | None
-    head_digest: str
-    workspace_snapshot_ref: BlobRef | None = None
-    memory_snapshot_ref: BlobRef | None = None
-    search_state_ref: BlobRef | None = None
-    verifier_evidence_ref: BlobRef | None = None
-    checkpoint_hash: str = ""
+_OP_EVENTS = {IntentRecorded: "intended", ObservationRecorded: "observed", IntentReconciled: "reconciled"}
 
 
 class ResumeState(msgspec.Struct):
-    """Everything a resume folds from the log, in one encodable value: what a snapshot stores."""
+    """Everything a resume folds from the log, in one encodable value: what a snapshot stores.
+
+    Its size depends on the open operations and the tool contracts in use, never on the run's
+    length: settled operations are counted and digested, not kept.
+    """
 
     run: RunState
-    operations: dict[str, ReplayStep] = {}
+    replay: ReplayWindow = msgspec.field(default_factory=ReplayWindow)
     task_ref: BlobRef | None = None
     task_digest: str = ""
     manifest: str = ""
+    operation_ledger: str = ""
     placement: Placement | None = None
     tool_contracts: set[str] = set()
+
+
+def fresh_resume_state(run_id: str = "") -> ResumeState:
+    """An empty resume state; its run state tracks no op ids (only ``decide`` needs them)."""
+    return ResumeState(RunState(run_id=run_id, op_ids=None))
 
 
 _state_encoder = msgspec.msgpack.Encoder(order="deterministic")
@@ -88,8 +72,8 @@ class PortableStateFold:
     """
 
     def __init__(self, run_id: str = "", state: ResumeState | None = None) -> None:
-        self.state = state if state is not None else ResumeState(RunState(run_id=run_id))
-        self.replay = ReplayFold(self.state.operations)
+        self.state = state if state is not None else fresh_resume_state(run_id)
+        self.replay = ReplayFold(self.state.replay)
 
     @property
     def run(self) -> RunState:
@@ -110,9 +94,13 @@ class PortableStateFold:
             state.placement = body.placement
         elif isinstance(body, IntentRecorded):
             state.tool_contracts.add(body.tool_contract)
-        if getattr(body, "op_id", None) is not None:
-            # a running digest over the operation events' digests: O(1) per event, order-sensitive
+        op_id: str | None = getattr(body, "op_id", None)
+        if op_id is not None:
+            # running digests, O(1) per event and order-sensitive: the manifest over the operation
+            # events' digests (their evidence), the ledger over what happened to which operation
             state.manifest = digest_of(_MANIFEST_PREFIX, state.manifest.encode() + event.digest.encode())
+            entry = f"{state.operation_ledger}\n{event.position} {op_id} {_OP_EVENTS[type(body)]}".encode()
+            state.operation_ledger = digest_of(_LEDGER_PREFIX, entry)
 
     def to_bytes(self) -> bytes:
         return _state_encoder.encode(self.state)
@@ -123,9 +111,6 @@ class PortableStateFold:
 
     def snapshot(self) -> PortableState:
         run = self.run
-        operations = sorted(
-            (op.intent_position, op.op_id, op.status, op.outcome_position or 0) for op in run.operations.values()
-        )
         draft = PortableState(
             run_id=run.run_id,
             position=run.version,
@@ -138,7 +123,7 @@ class PortableStateFold:
             task_state_ref=self.state.task_ref,
             task_state_digest=self.state.task_digest,
             observation_manifest_ref=self.state.manifest or digest_of(_MANIFEST_PREFIX, b""),
-            operation_ledger_ref=digest_of(_LEDGER_PREFIX, canonical_bytes(operations)),
+            operation_ledger_ref=self.state.operation_ledger or digest_of(_LEDGER_PREFIX, b""),
             authority_context_ref=digest_of(_AUTHORITY_PREFIX, canonical_bytes([run.epoch, run.holder])),
             budget_ledger_ref=digest_of(_BUDGET_PREFIX, canonical_bytes([run.usage, run.ceilings])),
             usage=run.usage,

@@ -8,7 +8,7 @@ the prefix, and nothing new may happen until it is reconciled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import msgspec
@@ -17,6 +17,7 @@ from domain.decide import context_digest
 from domain.errors import ReplayDivergence, ReplayIncomplete, UncertainIntent
 from domain.events import (
     BlobRef,
+    CheckpointSealed,
     IntentContext,
     IntentReconciled,
     IntentRecorded,
@@ -25,12 +26,15 @@ from domain.events import (
 )
 
 __all__ = [
+    "PrefixOutline",
     "ReplayCursor",
     "ReplayDivergence",
     "ReplayFold",
     "ReplayIncomplete",
     "ReplayPrefix",
     "ReplayStep",
+    "ReplayWindow",
+    "prefix_steps",
     "replay_prefix",
 ]
 
@@ -54,67 +58,149 @@ class ReplayStep(msgspec.Struct, frozen=True):
 
 
 class ReplayPrefix(msgspec.Struct, frozen=True):
-    """Settled operations in intent order up to the first uncertain one, and the uncertain ones."""
+    """Settled operations in intent order up to the first uncertain one, and the uncertain ones.
+
+    The prefix starts after the last sealed checkpoint (``start``): a resuming worker restores the
+    checkpoint's task state and regenerates only what was intended after it.
+    """
 
     steps: tuple[ReplayStep, ...]
     uncertain: tuple[ReplayStep, ...]
+    start: int = 0
+
+    def outline(self) -> PrefixOutline:
+        return PrefixOutline(self.start, len(self.steps), self.uncertain)
+
+
+class PrefixOutline(msgspec.Struct, frozen=True):
+    """A prefix without its settled steps: bounded whatever the run's length.
+
+    The ``length`` settled steps are read back from the log after ``start`` when a worker replays
+    them (``prefix_steps``), so a resume holds the prefix one step at a time.
+    """
+
+    start: int
+    length: int
+    uncertain: tuple[ReplayStep, ...]
+
+
+class ReplayWindow(msgspec.Struct):
+    """The fold's whole state: what it keeps between events (and in snapshots).
+
+    ``open`` holds the operations from the first unsettled intent on, in intent order; settled
+    steps in front of it leave the window and are only counted.
+    """
+
+    start: int = 0
+    settled: int = 0
+    open: list[ReplayStep] = []
 
 
 class ReplayFold:
-    """Operations by op id; the prefix orders them by the position of their intents."""
+    """Counts the prefix as it grows; holds only the window from the first unsettled intent on."""
 
-    def __init__(self, ops: dict[str, ReplayStep] | None = None) -> None:
-        self.ops: dict[str, ReplayStep] = {} if ops is None else ops
+    def __init__(self, window: ReplayWindow | None = None) -> None:
+        self.window = ReplayWindow() if window is None else window
 
-    def apply(self, event: RecordedEvent) -> None:
-        body = event.body
+    def apply(self, event: RecordedEvent) -> tuple[ReplayStep, ...]:
+        """Fold one event; return the steps it added to the prefix, in intent order."""
+        body, window = event.body, self.window
         if isinstance(body, IntentRecorded):
-            self.ops[body.op_id] = ReplayStep(
+            step = ReplayStep(
                 body.op_id, body.kind, body.tool_contract, body.context, body.context_digest, event.position
             )
+            window.open.append(step)
         elif isinstance(body, ObservationRecorded):
             self._settle(body.op_id, body.outcome, event.position, body.failure_reason, body.result, body.result_ref)
+            return self._drain()
         elif isinstance(body, IntentReconciled):
             self._settle(body.op_id, body.resolution, event.position, None, body.result, body.result_ref)
+            return self._drain()
+        elif isinstance(body, CheckpointSealed):
+            # sealing needs every intent settled (decide), so nothing open is lost here
+            window.start, window.settled = event.position, 0
+            window.open = [step for step in window.open if step.outcome is None]
+        return ()
 
     def _settle(
         self, op_id: str, outcome: Outcome, position: int, reason: str | None, result: Any, ref: BlobRef | None
     ) -> None:
-        step = self.ops[op_id]
-        self.ops[op_id] = msgspec.structs.replace(
-            step, outcome=outcome, outcome_position=position, failure_reason=reason, result=result, result_ref=ref
-        )
+        steps = self.window.open
+        for index in range(len(steps) - 1, -1, -1):
+            if steps[index].op_id == op_id:
+                steps[index] = msgspec.structs.replace(
+                    steps[index],
+                    outcome=outcome,
+                    outcome_position=position,
+                    failure_reason=reason,
+                    result=result,
+                    result_ref=ref,
+                )
+                return
 
-    def prefix(self) -> ReplayPrefix:
-        # order by intent position, not by dict order: a snapshot's map may come back key-sorted
-        ordered = sorted(self.ops.values(), key=lambda step: step.intent_position)
-        uncertain = tuple(step for step in ordered if step.outcome is None)
-        steps: list[ReplayStep] = []
-        for step in ordered:
-            if step.outcome is None:
-                break
-            steps.append(step)
-        return ReplayPrefix(tuple(steps), uncertain)
+    def _drain(self) -> tuple[ReplayStep, ...]:
+        steps = self.window.open
+        ready = 0
+        while ready < len(steps) and steps[ready].outcome is not None:
+            ready += 1
+        if not ready:
+            return ()
+        drained = tuple(steps[:ready])
+        del steps[:ready]
+        self.window.settled += ready
+        return drained
+
+    def outline(self) -> PrefixOutline:
+        window = self.window
+        uncertain = tuple(step for step in window.open if step.outcome is None)
+        return PrefixOutline(window.start, window.settled, uncertain)
+
+
+def prefix_steps(events: Iterable[RecordedEvent], length: int) -> Iterator[ReplayStep]:
+    """The first ``length`` settled steps of the events after a prefix's start, one at a time."""
+    if length <= 0:
+        return
+    fold, produced = ReplayFold(), 0
+    for event in events:
+        for step in fold.apply(event):
+            yield step
+            produced += 1
+            if produced == length:
+                return
 
 
 def replay_prefix(events: Iterable[RecordedEvent]) -> ReplayPrefix:
-    """Fold a run's events (in position order) into its replay prefix."""
-    fold = ReplayFold()
+    """Fold a run's events (in position order) into its replay prefix, steps and all.
+
+    Holds every step of the prefix: for a bounded resume use ``ReplayFold.outline`` and read the
+    steps with ``prefix_steps``.
+    """
+    fold, steps = ReplayFold(), list[ReplayStep]()
     for event in events:
-        fold.apply(event)
-    return fold.prefix()
+        if isinstance(event.body, CheckpointSealed):
+            steps = []
+        steps.extend(fold.apply(event))
+    outline = fold.outline()
+    return ReplayPrefix(tuple(steps), outline.uncertain, outline.start)
 
 
 class ReplayCursor:
     """Hands recorded outcomes back to a resuming worker, one regenerated intent at a time."""
 
-    def __init__(self, prefix: ReplayPrefix) -> None:
-        self._prefix = prefix
+    def __init__(self, prefix: ReplayPrefix | PrefixOutline, steps: Iterable[ReplayStep] | None = None) -> None:
+        """Replay ``prefix``; for an outline, ``steps`` streams its settled steps (``prefix_steps``)."""
+        if isinstance(prefix, ReplayPrefix):
+            self._steps, self._length = iter(prefix.steps), len(prefix.steps)
+        else:
+            if steps is None:
+                raise TypeError("a prefix outline needs the stream of its steps")
+            self._steps, self._length = iter(steps), prefix.length
+        self._uncertain = prefix.uncertain
         self._next = 0
 
     @property
     def consumed(self) -> bool:
-        return self._next >= len(self._prefix.steps)
+        return self._next >= self._length
 
     def offer(self, op_id: str, kind: str, tool_contract: str, context: IntentContext) -> ReplayStep | None:
         """The recorded outcome for this intent, or ``None`` once the prefix is consumed.
@@ -124,7 +210,10 @@ class ReplayCursor:
         if self.consumed:
             self.require_new_effects_allowed()
             return None
-        step = self._prefix.steps[self._next]
+        step = next(self._steps, None)
+        if step is None:
+            msg = f"the log holds fewer than the {self._length} recorded operations this prefix promised"
+            raise ReplayIncomplete(msg)
         offered = {"op_id": op_id, "kind": kind, "tool_contract": tool_contract}
         differing = tuple(name for name, value in offered.items() if value != getattr(step, name))
         try:
@@ -147,9 +236,9 @@ class ReplayCursor:
     def require_new_effects_allowed(self) -> None:
         """Refuse new effects until the prefix is consumed and nothing is uncertain."""
         if not self.consumed:
-            remaining = len(self._prefix.steps) - self._next
+            remaining = self._length - self._next
             raise ReplayIncomplete(f"{remaining} recorded operations must be replayed before any new effect")
-        if self._prefix.uncertain:
-            first = self._prefix.uncertain[0]
+        if self._uncertain:
+            first = self._uncertain[0]
             msg = f"operation {first.op_id!r} (position {first.intent_position}) has no recorded outcome: reconcile it"
             raise UncertainIntent(msg)

@@ -18,7 +18,7 @@ import msgspec
 from domain.events import Placement, RecordedEvent
 from domain.state import RunState
 from projections.portable_state import PortableStateFold
-from projections.replay import ReplayPrefix
+from projections.replay import PrefixOutline
 
 __all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize", "summary_of"]
 
@@ -45,7 +45,7 @@ class RunSummary(msgspec.Struct, frozen=True):
     """What classification needs from the log, folded once."""
 
     state: RunState
-    prefix: ReplayPrefix
+    prefix: PrefixOutline  # the settled steps are counted, not held
     tool_contracts: frozenset[str]
     placement: Placement | None  # the last lease's placement, kept after the lease ends
 
@@ -61,7 +61,7 @@ def summary_of(fold: PortableStateFold) -> RunSummary:
     """The classification input from a fold (possibly continued from a snapshot)."""
     state = fold.state
     run = _copy_run(state.run)
-    return RunSummary(run, fold.replay.prefix(), frozenset(state.tool_contracts), state.placement)
+    return RunSummary(run, fold.replay.outline(), frozenset(state.tool_contracts), state.placement)
 
 
 _run_encoder = msgspec.msgpack.Encoder()
@@ -111,10 +111,8 @@ def classify(summary: RunSummary, target: Placement, now: int) -> Resumability: 
     elif lease.worker != target.worker or now >= lease.expires_at:
         holder = "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {lease.expires_at}"
         found.append((ResumabilityClass.R4, f"lease epoch {lease.epoch} is {holder}: the epoch must advance"))
-    if prefix.steps:
-        found.append(
-            (ResumabilityClass.R3, f"{len(prefix.steps)} recorded outcomes are replayed without calling the host")
-        )
+    if prefix.length:
+        found.append((ResumabilityClass.R3, f"{prefix.length} recorded outcomes are replayed without calling the host"))
     for step in pure:
         found.append(
             (

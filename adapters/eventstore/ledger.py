@@ -40,6 +40,7 @@ from domain.events import LeaseGranted, RecordedEvent
 from domain.fencing import fence_for
 from domain.state import RunState, apply, fold
 from projections.portable_state import PortableStateFold
+from projections.replay import PrefixOutline, ReplayCursor, ReplayStep, prefix_steps
 
 __all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 
@@ -47,7 +48,7 @@ _SUBMISSION_PREFIX = b"baton.submission.v1\x00"
 _UNFENCED = (OpenRun, AcquireLease, ExpireLease)
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
-_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState"
+_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v2"
 SNAPSHOT_EVERY = 500
 
 
@@ -80,8 +81,10 @@ class RunLedger(Application[str]):
 
     # -- reading -----------------------------------------------------------------------------
 
-    def stored(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Sequence[StoredEvent]:
-        return self.recorder.select_events(run_id, gt=after or None, lte=upto)
+    def stored(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, limit: int | None = None
+    ) -> Sequence[StoredEvent]:
+        return self.recorder.select_events(run_id, gt=after or None, lte=upto, limit=limit)
 
     def history(
         self, run_id: str, *, after: int = 0, upto: int | None = None, page: int = 1000
@@ -89,7 +92,14 @@ class RunLedger(Application[str]):
         """A run's events in position order, streamed (or fetched page by page) so memory stays flat."""
         stream = getattr(self.recorder, "stream_events", None)
         if stream is not None:
-            for topic, state in stream(run_id, after=after, upto=upto):
+            # one plain query first: a short tail (after a snapshot) costs one round trip, and only
+            # a long one opens the server-side cursor, whose transaction costs several
+            first = self.stored(run_id, after=after, upto=upto, limit=page)
+            for stored in first:
+                yield decode_recorded(stored.topic, stored.state)
+            if len(first) < page:
+                return
+            for topic, state in stream(run_id, after=first[-1].originator_version, upto=upto):
                 yield decode_recorded(topic, state)
             return
         while True:
@@ -126,9 +136,20 @@ class RunLedger(Application[str]):
             self._write_snapshot(fold)
         return fold
 
+    def replay_steps(self, run_id: str, outline: PrefixOutline) -> Iterator[ReplayStep]:
+        """The settled steps of a run's replay prefix, streamed from the log after the prefix's start."""
+        with contextlib.closing(self.history(run_id, after=outline.start)) as events:
+            yield from prefix_steps(events, outline.length)
+
+    def replay_cursor(self, run_id: str, outline: PrefixOutline) -> ReplayCursor:
+        """A cursor over the run's replay prefix that holds one step at a time."""
+        return ReplayCursor(outline, self.replay_steps(run_id, outline))
+
     def _latest_snapshot(self, run_id: str) -> PortableStateFold | None:
         latest = self.snapshot_recorder.select_events(run_id, desc=True, limit=1)
-        return PortableStateFold.from_bytes(latest[0].state) if latest else None
+        if not latest or latest[0].topic != _SNAPSHOT_TOPIC:
+            return None  # none yet, or written by an older build in another shape: fold from scratch
+        return PortableStateFold.from_bytes(latest[0].state)
 
     def _write_snapshot(self, fold: PortableStateFold) -> None:
         run = fold.run

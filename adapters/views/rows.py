@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import msgspec
 
 from domain.budgets import COUNTERS, Usage
-from domain.errors import ChainBroken
+from domain.errors import ChainBroken, StoreUnavailable
 from domain.events import Placement, RecordedEvent
-from domain.state import RunState
 from projections.budget_usage import BudgetUsageFold, Dimension
-from projections.portable_state import PortableStateFold, ResumeState
+from projections.portable_state import PortableStateFold, ResumeState, fresh_resume_state
 from projections.resumability import Resumability, classify, summary_of
 
 __all__ = [
@@ -33,6 +32,14 @@ __all__ = [
 ]
 
 NO_PLACEMENT = Placement(worker="")
+
+
+def _decode(run_id: str, data: bytes) -> RunViewState:
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError:
+        msg = f"view fold state of run {run_id!r} was written by an older build: run `baton views rebuild`"
+        raise StoreUnavailable(msg) from None
 
 
 class RunViewState(msgspec.Struct):
@@ -127,7 +134,7 @@ class ViewBatch:
         run = self._runs.get(run_id)
         if run is None:
             data = self._stored.get(run_id)
-            state = _decoder.decode(data) if data is not None else RunViewState(ResumeState(RunState(run_id=run_id)))
+            state = _decode(run_id, data) if data is not None else RunViewState(fresh_resume_state(run_id))
             if state.budget_placement is not None:
                 self._budget.placements[run_id] = state.budget_placement
             run = self._runs[run_id] = _Run(PortableStateFold(state=state.resume), state.updated_at)

@@ -79,7 +79,7 @@ def test_round_trip_is_contiguous_and_verifies(ledgers: LedgerFactory, store: Ra
     assert (report.events, report.head_digest) == (5, history[-1].digest)
     state = ledgers().state(RUN)
     assert (state.version, state.epoch, state.holder, state.stage) == (5, 1, "A", Stage.CANDIDATE_READY)
-    assert state.operations["op-1"].status == "observed"
+    assert (state.operations, state.op_ids) == ({}, {"op-1"})
     [row] = ledger.runs()
     assert (row.run_id, row.head, row.epoch, row.holder, row.stage) == (RUN, 5, 1, "A", "CANDIDATE_READY")
     assert store.event_count(RUN) == 5

@@ -120,6 +120,13 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "ReplayIncomplete": "replay_incomplete",
         "PayloadTooLarge": "payload_too_large",
         "SubmissionConflict": "submission_conflict",
+        "NoncanonicalDocument": "noncanonical_document",
+        "DocumentTooLarge": "document_too_large",
+        "HandoffDigestMismatch": "digest_mismatch",
+        "InconsistentDocument": "inconsistent_document",
+        "CredentialInPayload": "credential_in_payload",
+        "PriorUsageExhaustsDestination": "prior_usage_exhausts_destination",
+        "MigrationMissing": "migration_missing",
     }
 
 
@@ -463,8 +470,8 @@ def test_recorded_intent_is_uncertain_until_observed() -> None:
     """Recording an intent makes it uncertain at the epoch it was recorded in."""
     history = given().opened().leased(W1).intended("op-1")
 
-    assert history.state.uncertain == {"op-1": 1}
-    assert history.state.operations["op-1"].status == "uncertain"
+    assert history.state.operations["op-1"].epoch == 1
+    assert history.state.op_ids == {"op-1"}
 
 
 def test_intent_for_an_op_id_that_already_has_one_is_duplicate_operation() -> None:
@@ -577,8 +584,8 @@ def test_ok_observation_records_outcome_and_charges_result_fuel_and_cost() -> No
         )
     ]
     history.record(command)
-    assert history.state.operations["op-1"].status == "observed"
-    assert history.state.uncertain == {}
+    assert history.state.operations == {}
+    assert history.state.op_ids == {"op-1"}
 
 
 def test_failed_observation_with_a_reason_settles_the_intent_as_failed() -> None:
@@ -588,7 +595,7 @@ def test_failed_observation_with_a_reason_settles_the_intent_as_failed() -> None
     history.record(observation("op-1", outcome="failed", failure_reason="timeout"))
 
     assert single([history.log[-1].body], ObservationRecorded).failure_reason == "timeout"
-    assert history.state.operations["op-1"].status == "failed"
+    assert "op-1" not in history.state.operations
 
 
 def test_observation_charges_the_larger_of_reported_and_measured_result_bytes() -> None:
@@ -683,7 +690,7 @@ def test_observation_past_the_result_bytes_ceiling_is_budget_exceeded() -> None:
     history = given().opened(Ceilings(result_bytes=100)).leased(W1).intended("op-1")
 
     assert history.rejects(observation("op-1", usage=Usage(result_bytes=101))).reason == "budget_exceeded"
-    assert history.state.operations["op-1"].status == "uncertain"
+    assert "op-1" in history.state.operations
 
 
 def test_observation_past_the_fuel_ceiling_is_budget_exceeded() -> None:
@@ -718,8 +725,8 @@ def test_reconcile_after_takeover_records_the_resolution_and_settles_the_intent(
     expected_charge = Usage(result_bytes=stored_size({"id": 3}), fuel=4)
     assert events == [IntentReconciled("op-1", "applied", "host log #7", expected_charge, {"id": 3}, None)]
     history.record(command, worker=W2)
-    assert history.state.operations["op-1"].status == "reconciled"
-    assert history.state.uncertain == {}
+    assert history.state.operations == {}
+    assert history.state.op_ids == {"op-1"}
 
 
 def test_reconcile_of_an_op_without_intent_is_unknown_operation() -> None:
@@ -863,7 +870,7 @@ def test_fail_run_records_run_failed_even_with_uncertain_intents() -> None:
 
     assert history.when(FailRun("provider_down", "503 x3")) == [RunFailed("provider_down", "503 x3")]
     history.record(FailRun("provider_down", "503 x3"))
-    assert (history.state.status, history.state.lease, history.state.uncertain) == ("failed", None, {"op-1": 1})
+    assert (history.state.status, history.state.lease, list(history.state.operations)) == ("failed", None, ["op-1"])
 
 
 # --------------------------------------------------------------------------------------------------

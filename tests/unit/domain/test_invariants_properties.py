@@ -253,24 +253,25 @@ class RunProtocol(RuleBasedStateMachine):
             successor = data.draw(st.sampled_from(WORKERS), label="successor")
             self._submit(successor, self.state.epoch, AcquireLease(placement(successor)))
             return
-        uncertain = sorted(self.state.uncertain)
+        uncertain = sorted(self.state.operations)
         moves = ["intent", "intent", "transition", "transition", "seal", "renew"]
         moves += ["observe", "observe", "observe", "reconcile"] if uncertain else []
-        moves += ["observe_any"] if self.state.operations else []  # settled or older ones must be refused
+        moves += ["observe_any"] if self.state.op_ids else []  # settled or older ones must be refused
         move = data.draw(st.sampled_from(moves), label="move")
         command: Command
         if move == "intent":
-            op_id = f"op-p{len(self.state.operations)}"
+            op_id = f"op-p{len(self.state.op_ids or ())}"
             kind = data.draw(st.sampled_from(KINDS), label="kind")
             arguments = ARGUMENTS[data.draw(st.integers(0, 2), label="arguments")]
             command = RecordIntent(op_id, kind, "shell@1", _context(op_id, arguments), f"idem-{op_id}")
         elif move in {"observe", "observe_any"}:
-            pool = uncertain if move == "observe" else sorted(self.state.operations)
+            pool = uncertain if move == "observe" else sorted(self.state.op_ids or ())
             op_id = data.draw(st.sampled_from(pool), label="op")
             outcome, reason = data.draw(st.sampled_from(PLAUSIBLE_OUTCOMES), label="outcome")
             fuel = weighted((9, st.integers(0, 30)), (1, st.just(MAX_COUNTER)))  # probes counter_overflow
             usage = data.draw(st.builds(Usage, fuel=fuel, cost_micros=st.integers(0, 10)))
-            right = self.state.operations[op_id].context_digest
+            open_op = self.state.operations.get(op_id)
+            right = open_op.context_digest if open_op is not None else "sha256:settled"
             quoted = data.draw(st.sampled_from([right] * 9 + ["sha256:wrong"]), label="quoted digest")
             command = RecordObservation(op_id, quoted, outcome, reason, data.draw(results), data.draw(blob_refs), usage)
         elif move == "reconcile":

@@ -81,14 +81,14 @@ def _placement(worker: str) -> Placement:
 
 
 def _intent(draw: st.DrawFn, state: RunState) -> RecordIntent:
-    op_id = f"op-{len(state.operations) + _pick(draw, (0, 1))}"  # ids skip now and then, so some collide: refused
+    op_id = f"op-{len(state.op_ids or ()) + _pick(draw, (0, 1))}"  # ids skip now and then, so some collide: refused
     context = IntentContext(1, op_id, effect="write", arguments=_pick(draw, ARGUMENTS))
     return RecordIntent(op_id, _pick(draw, KINDS), _pick(draw, CONTRACTS), context, f"idem-{op_id}")
 
 
 def _command(draw: st.DrawFn, state: RunState, worker: str) -> Command:  # noqa: PLR0911
     move = draw(_MOVE)
-    uncertain = sorted(state.uncertain)
+    uncertain = sorted(state.operations)
     if move == "acquire":
         return AcquireLease(_placement(worker))
     if move == "renew":

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from domain.budgets import COUNTERS
 from domain.chain import envelope_digest
-from domain.events import RecordedEvent
+from domain.events import CheckpointSealed, IntentReconciled, IntentRecorded, ObservationRecorded, RecordedEvent
 from domain.state import fold
 from projections.portable_state import PortableStateFold, portable_state
-from projections.replay import ReplayFold, replay_prefix
+from projections.replay import ReplayFold, prefix_steps, replay_prefix
 from projections.resumability import ResumabilityClass, classify, summarize, summary_of
 
 from ..domain.given import RUN, altered, placement
@@ -62,7 +62,7 @@ def test_portable_state_is_the_same_whatever_the_chunking(events: list[RecordedE
 
     assert incremental.snapshot() == whole.snapshot() == portable_state(events, RUN)
     assert summary_of(incremental) == summary_of(whole) == summarize(events, RUN)
-    assert incremental.replay.prefix() == replay_prefix(events)
+    assert incremental.replay.outline() == replay_prefix(events).outline()
 
 
 @PROPERTIES
@@ -189,32 +189,37 @@ def test_checkpoint_hash_changes_from_the_changed_event_on(events: list[Recorded
 def test_replay_prefix_equals_the_incremental_fold_at_every_position(
     events: list[RecordedEvent], sizes: list[int]
 ) -> None:
-    """``replay_prefix(events[:n])`` equals the prefix of a ReplayFold fed chunk by chunk up to n."""
+    """``replay_prefix(events[:n])`` equals the outline of a ReplayFold fed chunk by chunk, and its streamed steps."""
     incremental = ReplayFold()
-    assert incremental.prefix() == replay_prefix([])
+    assert incremental.outline() == replay_prefix([]).outline()
     n = 0
     for chunk in chunked(events, sizes):
         for event in chunk:
             incremental.apply(event)
         n += len(chunk)
-        assert incremental.prefix() == replay_prefix(events[:n])
-    assert incremental.prefix() == replay_prefix(events)
+        expected = replay_prefix(events[:n])
+        outline = incremental.outline()
+        assert outline == expected.outline()
+        after_start = [event for event in events[:n] if event.position > outline.start]
+        assert tuple(prefix_steps(after_start, outline.length)) == expected.steps
 
 
 @PROPERTIES
 @given(events=histories())
 def test_replay_prefix_agrees_with_the_write_side_operations(events: list[RecordedEvent]) -> None:
-    """Uncertain ops are the write side's; the prefix is every settled op intended before the first of them."""
+    """Uncertain ops are the write side's open ones; the prefix is every op intended after the last
+    sealed checkpoint and before the first uncertain one, in intent order, with its outcome's position."""
     state, prefix = fold(events, run_id=RUN), replay_prefix(events)
-    operations = sorted(state.operations.values(), key=lambda op: op.intent_position)
 
-    assert {step.op_id for step in prefix.uncertain} == set(state.uncertain)
+    assert {step.op_id for step in prefix.uncertain} == set(state.operations)
+    sealed = [event.position for event in events if isinstance(event.body, CheckpointSealed)]
+    assert prefix.start == (sealed[-1] if sealed else 0)
     first_uncertain = prefix.uncertain[0].intent_position if prefix.uncertain else float("inf")
-    expected = [op for op in operations if op.intent_position < first_uncertain]
-    assert [step.op_id for step in prefix.steps] == [op.op_id for op in expected]
-    for step, op in zip(prefix.steps, expected, strict=True):
-        assert step.outcome is not None and step.outcome_position == op.outcome_position
-        assert step.context_digest == op.context_digest
+    intents = [e for e in events if isinstance(e.body, IntentRecorded) and prefix.start < e.position < first_uncertain]
+    outcomes = {e.body.op_id: e.position for e in events if isinstance(e.body, ObservationRecorded | IntentReconciled)}
+    assert [step.intent_position for step in prefix.steps] == [e.position for e in intents]
+    for step in prefix.steps:
+        assert step.outcome is not None and step.outcome_position == outcomes[step.op_id]
 
 
 # -- resumability ----------------------------------------------------------------------------------
