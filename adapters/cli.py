@@ -20,9 +20,12 @@ from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
 from adapters.bootstrap import init_store, open_ledger, open_views
+from adapters.cli_audit import add_audit_parsers
+from adapters.cli_handoff import add_handoff_parsers
 from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
 from adapters.views import CatchUp, ProgressLine, ViewRunner
+from adapters.wire import decode_submission
 from domain.budgets import COUNTERS
 from domain.canonical import short
 from domain.commands import Submission, Verdict
@@ -42,7 +45,6 @@ EXIT_CODES: dict[type[BaseException], int] = {
     PersistenceError: 3,
 }
 
-_submission = msgspec.json.Decoder(Submission)
 _json = msgspec.json.Encoder()
 
 
@@ -74,27 +76,8 @@ def cmd_submit(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
 
 
 def _submit_line(ledger: RunLedger, line: bytes) -> Verdict:
-    try:
-        submission = _submission.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return _malformed(line, str(exc))
-    return ledger.submit(submission)
-
-
-def _malformed(line: bytes, message: str) -> Verdict:
-    try:
-        partial = msgspec.json.decode(line)
-    except msgspec.DecodeError:
-        partial = None
-    fields = partial if isinstance(partial, dict) else {}
-    sid, run = fields.get("submission_id"), fields.get("run_id")
-    return Verdict(
-        sid if isinstance(sid, str) else None,
-        "rejected",
-        run if isinstance(run, str) else None,
-        reason="malformed",
-        message=message,
-    )
+    decoded = decode_submission(line)
+    return decoded if isinstance(decoded, Verdict) else ledger.submit(decoded)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -195,7 +178,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "usage": msgspec.to_builtins(checkpoint.usage),
             "ceilings": msgspec.to_builtins(checkpoint.ceilings),
         },
-        "replay_prefix": msgspec.to_builtins(summary.prefix.steps),
+        "replay_prefix": msgspec.to_builtins(list(ledger.replay_steps(args.run_id, summary.prefix))),
+        "replay_after_position": summary.prefix.start,
         "uncertain": msgspec.to_builtins(summary.prefix.uncertain),
     }
     if args.json:
@@ -205,7 +189,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         for reason in verdict.reasons:
             print(f"  - {reason}")
         print(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
-        print(f"replay prefix: {len(summary.prefix.steps)} operations; uncertain: {len(summary.prefix.uncertain)}")
+        print(f"replay prefix: {summary.prefix.length} operations; uncertain: {len(summary.prefix.uncertain)}")
     return 0
 
 
@@ -277,6 +261,20 @@ def _print_views(runner: ViewRunner, verb: str, done: CatchUp) -> None:
     print("  " + ", ".join(f"{table} {rows} rows" for table, rows in runner.counts().items()))
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve submissions on NATS or Kafka until SIGINT/SIGTERM (adapters/bus, docs/operations.md)."""
+    import asyncio  # noqa: PLC0415 (only serve needs it)
+
+    from adapters.bus import serve  # noqa: PLC0415 (faststream and the brokers cost ~0.8 s to import)
+
+    ledger = open_ledger(args.store)
+    try:
+        asyncio.run(serve(ledger, args.bus, relay=not args.no_relay))
+    finally:
+        ledger.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton: the run ledger for movable AI agents.")
     store = argparse.ArgumentParser(add_help=False)
@@ -324,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("what", nargs="?", default="submission", choices=["submission", "verdict", "event"])
     schema.set_defaults(func=cmd_schema)
     _add_views_parser(sub, store)
+    add_audit_parsers(sub, store)  # audit, explain, export, verify-export (adapters/cli_audit.py)
+    add_handoff_parsers(sub, store)  # handoff export, import, status (adapters/cli_handoff.py)
+    serve = sub.add_parser("serve", parents=[store], help="serve submissions on a bus (NATS or Kafka)")
+    serve.add_argument("--bus", required=True, help="nats://HOST:PORT or kafka://HOST:PORT")
+    serve.add_argument("--no-relay", action="store_true", help="do not relay committed events to the bus")
+    serve.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -70,7 +70,106 @@ def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
     ``opaque=True`` encodes a payload on its own (ints stay numbers), as it is inside an event.
     Sets are written sorted, so their bytes do not depend on a process's hash seed.
     """
+    try:
+        plain = value if type(value) in _PLAIN else msgspec.to_builtins(value, order="deterministic")
+        if opaque:
+            _check_opaque(plain)
+            return _encoder.encode(plain) + b"\n"
+        return _encoder.encode(_schema(plain)) + b"\n"
+    except (_NotPlain, TypeError, ValueError):
+        return _reference_bytes(value, opaque=opaque)  # same bytes, or the reference path's exact error
+
+
+def _reference_bytes(value: Any, *, opaque: bool) -> bytes:
+    """The definition the fast path must match byte for byte: builtins, then ``canonical_value``."""
     return _encoder.encode(canonical_value(msgspec.to_builtins(value, order="deterministic"), opaque=opaque)) + b"\n"
+
+
+# The fast path: it runs for every event (up to three times), so it walks only values of exact
+# builtin types, in loops rather than one call per node, passes opaque payloads through after
+# checking them, and leaves anything unusual (floats, subclasses, sets, Structs nested in builtins,
+# non-string keys) to ``_reference_bytes`` by raising ``_NotPlain``.
+
+
+class _NotPlain(Exception):
+    """The value needs the reference path."""
+
+
+_LEAVES = frozenset({str, bool, type(None)})
+_PLAIN = frozenset({dict, list, tuple, str, int, bool, type(None)})
+
+
+def _schema(value: Any) -> Any:
+    """``canonical_value`` of a value made of exact builtin types, outside opaque payloads."""
+    kind = type(value)
+    if kind is dict:
+        return _schema_dict(value)
+    if kind is list or kind is tuple:
+        return _schema_list(value)
+    if kind is int:
+        return str(value)
+    if kind in _LEAVES:
+        return value
+    raise _NotPlain
+
+
+def _schema_dict(value: dict[Any, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _NotPlain
+        kind = type(item)
+        if kind in _LEAVES:
+            out[key] = item
+        elif key in OPAQUE_KEYS:
+            _check_opaque(item)
+            out[key] = item
+        elif kind is int:
+            out[key] = str(item)
+        elif kind is dict:
+            out[key] = _schema_dict(item)
+        elif kind is list or kind is tuple:
+            out[key] = _schema_list(item)
+        else:
+            raise _NotPlain
+    return out
+
+
+def _schema_list(value: list[Any] | tuple[Any, ...]) -> list[Any]:
+    out: list[Any] = []
+    for item in value:
+        kind = type(item)
+        if kind in _LEAVES:
+            out.append(item)
+        elif kind is int:
+            out.append(str(item))
+        elif kind is dict:
+            out.append(_schema_dict(item))
+        elif kind is list or kind is tuple:
+            out.append(_schema_list(item))
+        else:
+            raise _NotPlain
+    return out
+
+
+def _check_opaque(value: Any) -> None:
+    """An opaque payload encodes as it is if it holds only exact builtins and string keys."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            if type(item) not in _OPAQUE_LEAVES:
+                _check_opaque(item)
+    elif kind is list or kind is tuple:
+        for item in value:
+            if type(item) not in _OPAQUE_LEAVES:
+                _check_opaque(item)
+    elif kind not in _OPAQUE_LEAVES:
+        raise _NotPlain
+
+
+_OPAQUE_LEAVES = frozenset({str, int, bool, type(None)})
 
 
 def digest_of(prefix: bytes, data: bytes) -> str:

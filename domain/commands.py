@@ -15,18 +15,26 @@ from domain.events import BlobRef, FailureReason, IntentContext, Placement
 from domain.stages import Stage
 
 __all__ = [
+    "AbortHandoff",
+    "AcceptHandoff",
     "AcquireLease",
     "Command",
     "CompleteRun",
+    "DenyApproval",
     "ExpireLease",
     "FailRun",
+    "GrantApproval",
+    "GrantAuthority",
     "OpenRun",
+    "PrepareHandoff",
     "ReconcileIntent",
+    "RecordEvidence",
     "RecordIntent",
     "RecordObservation",
     "RecordTransition",
     "ReleaseLease",
     "RenewLease",
+    "RevokeAuthority",
     "ReserveStage",
     "SealCheckpoint",
     "Submission",
@@ -110,6 +118,73 @@ class SealCheckpoint(_Command, tag="seal_checkpoint", frozen=True):
     state_ref: BlobRef | None = None
 
 
+class GrantAuthority(_Command, tag="grant_authority", frozen=True):
+    """Someone other than the holder grants the holder (``worker`` at ``epoch``) a capability reference."""
+
+    grant_id: str
+    capability: str
+    worker: str
+    epoch: int
+    ttl_ms: int | None = None
+
+
+class RevokeAuthority(_Command, tag="revoke_authority", frozen=True):
+    grant_id: str
+    reason: str
+
+
+class RecordEvidence(_Command, tag="record_evidence", frozen=True):
+    """The holder records a verifier's verdict bound to (artifact, workspace snapshot, environment)."""
+
+    evidence_id: str
+    artifact_digest: str
+    workspace_snapshot: str
+    environment: str
+    verdict: Literal["pass", "fail"]
+    evidence_ref: BlobRef | None = None
+
+
+class GrantApproval(_Command, tag="grant_approval", frozen=True):
+    """An approver (never the holder) approves exactly ``artifact_digest``."""
+
+    approval_id: str
+    artifact_digest: str
+    scope: str = "commit"
+    ttl_ms: int = 3_600_000
+
+
+class DenyApproval(_Command, tag="deny_approval", frozen=True):
+    approval_id: str
+    artifact_digest: str
+    reason: str
+
+
+class PrepareHandoff(_Command, tag="prepare_handoff", frozen=True):
+    """Bind the run's continuation to ``document`` (canonical handoff JSON) and move the lease to its
+    destination at the next epoch, in one append."""
+
+    document: str
+    ttl_ms: int = 30_000
+
+
+class AcceptHandoff(_Command, tag="accept_handoff", frozen=True):
+    """The destination takes the run on from ``document``, whose digest a trusted caller expects.
+
+    Against a run this store has never seen, it imports the run (cross-store handoff) and grants the
+    destination the lease at the epoch after the source's last one.
+    """
+
+    document: str
+    expected_digest: str
+    ttl_ms: int = 30_000
+
+
+class AbortHandoff(_Command, tag="abort_handoff", frozen=True):
+    """Call off a prepared handoff (its destination will not accept it); the holder keeps the run."""
+
+    reason: str
+
+
 class CompleteRun(_Command, tag="complete_run", frozen=True):
     summary: str = ""
 
@@ -131,6 +206,14 @@ Command = (
     | ReconcileIntent
     | RecordTransition
     | SealCheckpoint
+    | GrantAuthority
+    | RevokeAuthority
+    | RecordEvidence
+    | GrantApproval
+    | DenyApproval
+    | PrepareHandoff
+    | AcceptHandoff
+    | AbortHandoff
     | CompleteRun
     | FailRun
 )

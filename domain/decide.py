@@ -10,25 +10,34 @@ from typing import Any
 
 import msgspec
 
-from domain import errors
+from domain import authority, errors, handoff
 from domain.budgets import Usage
 from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of
 from domain.commands import (
+    AbortHandoff,
+    AcceptHandoff,
     AcquireLease,
     CompleteRun,
+    DenyApproval,
     ExpireLease,
     FailRun,
+    GrantApproval,
+    GrantAuthority,
     OpenRun,
+    PrepareHandoff,
     ReconcileIntent,
+    RecordEvidence,
     RecordIntent,
     RecordObservation,
     RecordTransition,
     ReleaseLease,
     RenewLease,
     ReserveStage,
+    RevokeAuthority,
     SealCheckpoint,
     Submission,
 )
+from domain.credentials import find_credential
 from domain.events import (
     BlobRef,
     CheckpointSealed,
@@ -51,6 +60,7 @@ from domain.stages import Stage, is_legal
 from domain.state import OpRecord, RunState
 
 __all__ = [
+    "envelope_epoch",
     "MAX_ID_LENGTH",
     "MAX_INLINE_BYTES",
     "MAX_LIST_ITEMS",
@@ -76,15 +86,29 @@ def context_digest(context: IntentContext) -> str:
     return digest_of(_CONTEXT_PREFIX, canonical_bytes(context))
 
 
+def envelope_epoch(state: RunState, submission: Submission, bodies: list[Event]) -> int:
+    """The epoch a submission's events are recorded under: the submitter's, which is a lease it takes
+    in this very submission (acquire, import) but not one it hands on (a handoff's ``LeaseGranted``)."""
+    granted = (b.epoch for b in bodies if isinstance(b, LeaseGranted) and b.worker == submission.worker)
+    return next(granted, state.epoch)
+
+
 def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
     """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``."""
     _check_ids(submission)
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     command = submission.command
-    _check_bounds(msgspec.to_builtins(command), "command")
+    plain = msgspec.to_builtins(command)
+    _check_bounds(plain, "command")
+    found = find_credential(plain)
+    if found:
+        raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
     if isinstance(command, OpenRun):
         return [_open(state, command)]
+    if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
+        # an import, or a refusal that does not depend on who asks (no handoff, or one already taken)
+        return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
     if not state.opened:
         raise errors.RunNotFound(f"run {submission.run_id!r} does not exist")
     if state.closed:
@@ -93,7 +117,18 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         return _acquire(state, submission, command, now)
     if isinstance(command, ExpireLease):
         return _expire(state, now)
+    if isinstance(command, _FROM_AUTHORITIES):
+        return [_from_authority(state, submission, command, now)]
     _check_fence(state, submission, now)
+    if state.pending_handoff is not None and not isinstance(command, _WHILE_HANDOFF_PENDING):
+        msg = f"handoff {state.pending_handoff} must be accepted (or aborted) before anything else"
+        raise errors.HandoffPending(msg)
+    if isinstance(command, PrepareHandoff):
+        return handoff.prepare(state, submission, command, now + _ttl_us(command.ttl_ms))
+    if isinstance(command, AcceptHandoff):
+        return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
+    if isinstance(command, AbortHandoff):
+        return handoff.abort(state, command)
     if isinstance(command, RenewLease):
         return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
     if isinstance(command, ReleaseLease):
@@ -104,7 +139,11 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         charge = _charged(state, Usage(reserved_fuel=command.fuel))
         return [StageReserved(command.stage_id, command.fuel, charge)]
     if isinstance(command, RecordIntent):
+        if command.kind == "effect":
+            authority.require_authority(state, submission.worker, command.context, now)
         return [_intent(state, command)]
+    if isinstance(command, RecordEvidence):
+        return [authority.record_evidence(command)]
     if isinstance(command, RecordObservation):
         return [_observation(state, command)]
     if isinstance(command, ReconcileIntent):
@@ -153,7 +192,7 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
             _check_bounds(item, key)
     elif kind is dict:
         for name, item in value.items():
-            if name in OPAQUE_KEYS:
+            if name in OPAQUE_KEYS or name == "document":  # a handoff document has its own bound
                 continue
             if name == "size" and type(item) is int and item < 0:
                 raise errors.Malformed(f"{key}.size cannot be negative")
@@ -162,6 +201,26 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
 
 
 _CONTAINERS = (str, list, dict)
+_FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval)
+
+
+def _from_authority(
+    state: RunState,
+    submission: Submission,
+    command: GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval,
+    now: int,
+) -> Event:
+    """Grants and approvals come from someone other than the holder, so they are not fenced."""
+    if isinstance(command, GrantAuthority):
+        return authority.grant(state, submission, command, now)
+    if isinstance(command, RevokeAuthority):
+        return authority.revoke(state, command)
+    if isinstance(command, GrantApproval):
+        return authority.approve(state, submission, command, now)
+    return authority.deny(state, submission, command)
+
+
+_WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
 
 
 def _ttl_us(ttl_ms: int) -> int:

@@ -43,6 +43,14 @@ __all__ = [
     "MigrationMissing",
     "NoncanonicalDocument",
     "PriorUsageExhaustsDestination",
+    "HandoffUnsafe",
+    "HandoffPending",
+    "NoHandoff",
+    "SuccessorExists",
+    "AuthorityMissing",
+    "SelfAuthorization",
+    "ApprovalMismatch",
+    "ReverificationRequired",
 ]
 
 
@@ -234,3 +242,51 @@ class MigrationMissing(Rejection):
     """No chain of registered migrations leads from the state's schema version to the target's."""
 
     reason = "migration_missing"
+
+
+class HandoffUnsafe(Rejection):
+    """A handoff asked for where a move would lose meaning: uncertain effects, or no checkpoint sealed."""
+
+    reason = "handoff_unsafe"
+
+
+class HandoffPending(Rejection):
+    """A handoff is prepared and not yet accepted: only its destination's acceptance (or an abort) may follow."""
+
+    reason = "handoff_pending"
+
+
+class NoHandoff(Rejection):
+    """An acceptance or abort with no prepared handoff to act on."""
+
+    reason = "no_handoff"
+
+
+class SuccessorExists(Rejection):
+    """One predecessor has at most one successor: this handoff was already accepted."""
+
+    reason = "successor_exists"
+
+
+class AuthorityMissing(Rejection):
+    """An effect names authority the submitter does not hold at this epoch (grants never move)."""
+
+    reason = "authority_missing"
+
+
+class SelfAuthorization(Rejection):
+    """The lease holder tried to grant itself authority or approve its own artifact."""
+
+    reason = "self_authorization"
+
+
+class ApprovalMismatch(Rejection):
+    """The artifact about to be committed is not the one approved (an approval for P is not one for P')."""
+
+    reason = "approval_mismatch"
+
+
+class ReverificationRequired(Rejection):
+    """The verifier evidence does not bind this artifact, workspace snapshot and environment: verify again."""
+
+    reason = "reverification_required"

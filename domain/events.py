@@ -16,9 +16,17 @@ from domain.stages import Stage
 
 __all__ = [
     "EVENT_TYPES",
+    "ApprovalDenied",
+    "ApprovalGranted",
+    "AuthorityGranted",
+    "AuthorityRevoked",
+    "EvidenceRecorded",
     "BlobRef",
     "CheckpointSealed",
     "Event",
+    "HandoffAborted",
+    "HandoffAccepted",
+    "HandoffPrepared",
     "IntentContext",
     "IntentReconciled",
     "IntentRecorded",
@@ -167,6 +175,87 @@ class CheckpointSealed(_Event, tag=True, frozen=True):
     state_ref: BlobRef | None = None
 
 
+class AuthorityGranted(_Event, tag=True, frozen=True):
+    """A capability *reference* (never the credential) for one worker at one epoch; it dies with the epoch."""
+
+    grant_id: str
+    capability: str
+    worker: str
+    epoch: int
+    granted_by: str
+    expires_at: int | None = None
+
+
+class AuthorityRevoked(_Event, tag=True, frozen=True):
+    grant_id: str
+    reason: str
+
+
+class EvidenceRecorded(_Event, tag=True, frozen=True):
+    """A verifier's verdict on exactly one artifact, in one workspace snapshot and environment."""
+
+    evidence_id: str
+    artifact_digest: str
+    workspace_snapshot: str
+    environment: str
+    verdict: Literal["pass", "fail"]
+    evidence_ref: BlobRef | None = None
+
+
+class ApprovalGranted(_Event, tag=True, frozen=True):
+    """An approver's yes for exactly one artifact digest: it authorizes nothing else."""
+
+    approval_id: str
+    artifact_digest: str
+    approver: str
+    scope: str
+    expires_at: int
+
+
+class ApprovalDenied(_Event, tag=True, frozen=True):
+    approval_id: str
+    artifact_digest: str
+    approver: str
+    reason: str
+
+
+class HandoffPrepared(_Event, tag=True, frozen=True):
+    """The source bound the run's continuation to a document; the lease moves in the same append."""
+
+    document_digest: str
+    destination: Placement
+    checkpoint_id: str
+    migration_id: str
+    predecessor_digest: str | None = None
+
+
+class HandoffAccepted(_Event, tag=True, frozen=True):
+    """The destination took the run on from exactly this document, before any work of its own.
+
+    ``imported`` marks the first event of a run continued in another store: the event then opens
+    the run there with the document's release, migrated schema, ceilings and carried usage.
+    """
+
+    document_digest: str
+    source_epoch: int
+    release_id: str
+    schema_name: str
+    schema_version: int
+    state_ref: BlobRef
+    carried: Usage
+    ceilings: Ceilings
+    stage: Stage
+    imported: bool = False
+    predecessor_digest: str | None = None
+
+
+class HandoffAborted(_Event, tag=True, frozen=True):
+    """A prepared handoff that will not be accepted; the run stays with the current lease holder."""
+
+    document_digest: str
+    reason: str
+
+
 class RunCompleted(_Event, tag=True, frozen=True):
     summary: str = ""
 
@@ -188,6 +277,14 @@ Event = (
     | IntentReconciled
     | TransitionRecorded
     | CheckpointSealed
+    | AuthorityGranted
+    | AuthorityRevoked
+    | EvidenceRecorded
+    | ApprovalGranted
+    | ApprovalDenied
+    | HandoffPrepared
+    | HandoffAccepted
+    | HandoffAborted
     | RunCompleted
     | RunFailed
 )
@@ -206,6 +303,14 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         IntentReconciled,
         TransitionRecorded,
         CheckpointSealed,
+        AuthorityGranted,
+        AuthorityRevoked,
+        EvidenceRecorded,
+        ApprovalGranted,
+        ApprovalDenied,
+        HandoffPrepared,
+        HandoffAccepted,
+        HandoffAborted,
         RunCompleted,
         RunFailed,
     )

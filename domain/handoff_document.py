@@ -49,6 +49,7 @@ __all__ = [
     "document_digest",
     "encode_document",
     "local_allowance",
+    "state_bytes",
     "state_digest_of",
     "verify_document",
 ]
@@ -100,9 +101,14 @@ class HandoffDocument(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
+def state_bytes(state: dict[str, Any]) -> bytes:
+    """The task state's canonical (opaque) bytes, with the trailing newline: what its digest covers."""
+    return _json(_opaque(state))
+
+
 def state_digest_of(state: dict[str, Any]) -> str:
     """The digest binding the migrated state: prefixed SHA-256 of its canonical (opaque) bytes."""
-    return digest_of(_STATE_PREFIX, _json(_opaque(state)))
+    return digest_of(_STATE_PREFIX, state_bytes(state))
 
 
 def encode_document(doc: HandoffDocument) -> bytes:

@@ -15,7 +15,15 @@ import msgspec
 from domain.budgets import Ceilings, Usage
 from domain.canonical import ZERO_DIGEST
 from domain.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    AuthorityGranted,
+    AuthorityRevoked,
     CheckpointSealed,
+    EvidenceRecorded,
+    HandoffAborted,
+    HandoffAccepted,
+    HandoffPrepared,
     IntentReconciled,
     IntentRecorded,
     LeaseExpired,
@@ -28,11 +36,17 @@ from domain.events import (
     RunCompleted,
     RunFailed,
     RunOpened,
+    StageReserved,
     TransitionRecorded,
 )
 from domain.stages import Stage
 
-__all__ = ["Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
+_WORK = (IntentRecorded, ObservationRecorded, IntentReconciled, TransitionRecorded, StageReserved)
+_LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired)
+_HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
+_AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
+
+__all__ = ["Approval", "Evidence", "Grant", "Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -50,6 +64,28 @@ class OpRecord(msgspec.Struct, frozen=True):
     context_digest: str
     epoch: int
     intent_position: int
+    authorization: str = ""  # the grant the effect was intended under (the gateway checks it is still live)
+
+
+class Grant(msgspec.Struct, frozen=True):
+    capability: str
+    worker: str
+    epoch: int
+    expires_at: int | None = None
+
+
+class Approval(msgspec.Struct, frozen=True):
+    approval_id: str
+    approver: str
+    scope: str
+    expires_at: int
+
+
+class Evidence(msgspec.Struct, frozen=True):
+    evidence_id: str
+    workspace_snapshot: str
+    environment: str
+    verdict: str
 
 
 class RunState(msgspec.Struct):
@@ -73,6 +109,13 @@ class RunState(msgspec.Struct):
     # ``None`` in folds that never decide (resume, views), whose size must not grow with the run
     op_ids: set[str] | None = set()
     last_checkpoint_id: str | None = None
+    sealed_position: int = 0  # the last checkpoint (or accepted handoff): a boundary a move starts from
+    work_position: int = 0  # the last event that did work (intent, outcome, transition, reservation)
+    pending_handoff: str | None = None  # digest of a prepared, not yet accepted handoff document
+    handoff_digest: str | None = None  # digest of the last accepted handoff: the chain's head
+    grants: dict[str, Grant] = {}  # live grants of the current epoch, by grant id
+    approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force for exactly that artifact
+    evidence: dict[str, Evidence] = {}  # by artifact digest: the latest verifier verdict on it
 
     @property
     def holder(self) -> str | None:
@@ -83,7 +126,7 @@ class RunState(msgspec.Struct):
         return self.status != "open"
 
 
-def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
+def apply(state: RunState, recorded: RecordedEvent) -> None:
     """Advance ``state`` in place by one recorded event (the caller owns ``state``)."""
     state.version = recorded.position
     state.head_digest = recorded.digest
@@ -97,17 +140,59 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
         state.schema_name = body.schema_name
         state.schema_version = body.schema_version
         state.ceilings = body.ceilings
-    elif isinstance(body, LeaseGranted):
+    elif isinstance(body, _LEASE):
+        _lease(state, body)
+    elif isinstance(body, _WORK):
+        state.work_position = recorded.position
+        _work(state, body, recorded)
+    elif isinstance(body, CheckpointSealed):
+        state.last_checkpoint_id = body.checkpoint_id
+        state.sealed_position = recorded.position
+    elif isinstance(body, _AUTHORITY):
+        _authority(state, body)
+    elif isinstance(body, _HANDOFF):
+        _handoff(state, body, recorded.position)
+    elif isinstance(body, RunCompleted | RunFailed):
+        state.status = "completed" if isinstance(body, RunCompleted) else "failed"
+        state.lease = None
+
+
+def _lease(state: RunState, body: LeaseGranted | LeaseRenewed | LeaseReleased | LeaseExpired) -> None:
+    if isinstance(body, LeaseGranted):
         state.epoch = body.epoch
         state.lease = Lease(body.worker, body.epoch, body.expires_at, body.placement)
+        state.grants = {}  # grants are bound to (worker, epoch): a new epoch starts with none
     elif isinstance(body, LeaseRenewed):
         if state.lease is not None:
             state.lease = msgspec.structs.replace(state.lease, expires_at=body.expires_at)
-    elif isinstance(body, LeaseReleased | LeaseExpired):
+    else:
         state.lease = None
-    elif isinstance(body, IntentRecorded):
+
+
+def _authority(
+    state: RunState, body: AuthorityGranted | AuthorityRevoked | EvidenceRecorded | ApprovalGranted | ApprovalDenied
+) -> None:
+    if isinstance(body, AuthorityGranted):
+        state.grants[body.grant_id] = Grant(body.capability, body.worker, body.epoch, body.expires_at)
+    elif isinstance(body, AuthorityRevoked):
+        state.grants.pop(body.grant_id, None)
+    elif isinstance(body, EvidenceRecorded):
+        evidence = Evidence(body.evidence_id, body.workspace_snapshot, body.environment, body.verdict)
+        state.evidence[body.artifact_digest] = evidence
+    elif isinstance(body, ApprovalGranted):
+        state.approvals[body.artifact_digest] = Approval(body.approval_id, body.approver, body.scope, body.expires_at)
+    else:
+        state.approvals.pop(body.artifact_digest, None)
+
+
+def _work(
+    state: RunState,
+    body: IntentRecorded | ObservationRecorded | IntentReconciled | TransitionRecorded | StageReserved,
+    recorded: RecordedEvent,
+) -> None:
+    if isinstance(body, IntentRecorded):
         state.operations[body.op_id] = OpRecord(
-            body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position
+            body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position, body.context.authorization
         )
         if state.op_ids is not None:
             state.op_ids.add(body.op_id)
@@ -115,11 +200,25 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:  # noqa: C901
         state.operations.pop(body.op_id, None)
     elif isinstance(body, TransitionRecorded):
         state.stage = body.to_stage
-    elif isinstance(body, CheckpointSealed):
-        state.last_checkpoint_id = body.checkpoint_id
-    elif isinstance(body, RunCompleted | RunFailed):
-        state.status = "completed" if isinstance(body, RunCompleted) else "failed"
-        state.lease = None
+
+
+def _handoff(state: RunState, body: HandoffPrepared | HandoffAborted | HandoffAccepted, position: int) -> None:
+    if isinstance(body, HandoffPrepared):
+        state.pending_handoff = body.document_digest
+        return
+    state.pending_handoff = None
+    if isinstance(body, HandoffAborted):
+        return
+    state.handoff_digest = body.document_digest
+    state.schema_name, state.schema_version = body.schema_name, body.schema_version
+    state.sealed_position = position
+    if body.imported:  # the run continues here from another store: it opens with what it carried
+        state.opened = True
+        state.release_id = body.release_id
+        state.ceilings = body.ceilings
+        state.usage = body.carried
+        state.epoch = body.source_epoch
+        state.stage = body.stage
 
 
 def _own(state: RunState) -> RunState:

@@ -1,19 +1,25 @@
-"""Pure folds over recorded events: portable state, budgets, replay prefix, resumability.
+"""Pure folds over recorded events: portable state, budgets, replay prefix, resumability, audit.
 
 Each projection is an incremental fold (``apply`` one event at a time) plus a convenience
 function over an iterable; folding in any chunking gives the same result.
 """
 
+from projections.audit import CODES, AuditFold, Problem
 from projections.budget_usage import DIMENSIONS, BudgetUsageFold, budget_usage
+from projections.explain import Explanation, explain
 from projections.portable_state import PortableState, PortableStateFold, portable_state
 from projections.replay import ReplayCursor, ReplayDivergence, ReplayFold, ReplayPrefix, replay_prefix
 from projections.resumability import Resumability, ResumabilityClass, classify, summarize
 
 __all__ = [
+    "CODES",
     "DIMENSIONS",
+    "AuditFold",
     "BudgetUsageFold",
+    "Explanation",
     "PortableState",
     "PortableStateFold",
+    "Problem",
     "ReplayCursor",
     "ReplayDivergence",
     "ReplayFold",
@@ -22,6 +28,7 @@ __all__ = [
     "ResumabilityClass",
     "budget_usage",
     "classify",
+    "explain",
     "portable_state",
     "replay_prefix",
     "summarize",

@@ -18,32 +18,60 @@ __all__ = ["DIMENSIONS", "BudgetUsageFold", "Dimension", "budget_usage"]
 
 Dimension = Literal["run", "worker", "model", "provider", "day"]
 DIMENSIONS: tuple[Dimension, ...] = ("run", "worker", "model", "provider", "day")
+_NOTHING = Usage()
+
+
+_Attribution = tuple[str, str, str, str, str]  # run, worker, model, provider, day: DIMENSIONS' order
+_DAY_US = 86_400_000_000
 
 
 class BudgetUsageFold:
+    """Charges summed per attribution (run, worker, model, provider, day), rolled up on demand.
+
+    One checked addition per charged event, whatever the number of dimensions: a batch of one
+    run's events touches one attribution, and ``rows`` rolls it up into five rows once.
+    """
+
     def __init__(self) -> None:
         self.placements: dict[str, Placement] = {}
-        self.rows: dict[tuple[Dimension, str], Usage] = {}
+        self.attributed: dict[_Attribution, Usage] = {}
+        self._days: dict[int, str] = {}
 
     def apply(self, event: RecordedEvent) -> None:
         body = event.body
         if isinstance(body, LeaseGranted):
             self.placements[event.run_id] = body.placement
         charge: Usage | None = getattr(body, "charge", None)
-        if charge is None or charge == Usage():
+        if charge is None or charge == _NOTHING:
             return
         placement = self.placements.get(event.run_id)
-        day = dt.datetime.fromtimestamp(event.recorded_at // 1_000_000, tz=dt.UTC).date().isoformat()
-        keys: dict[Dimension, str] = {
-            "run": event.run_id,
-            "worker": event.worker,
-            "model": placement.model if placement else "",
-            "provider": placement.provider if placement else "",
-            "day": day,
-        }
-        for dimension, key in keys.items():
-            row = (dimension, key)
-            self.rows[row] = self.rows.get(row, Usage()).plus(charge)
+        key = (
+            event.run_id,
+            event.worker,
+            placement.model if placement else "",
+            placement.provider if placement else "",
+            self._day(event.recorded_at),
+        )
+        previous = self.attributed.get(key)
+        self.attributed[key] = charge if previous is None else previous.plus(charge)
+
+    def _day(self, recorded_at: int) -> str:
+        number = recorded_at // _DAY_US
+        day = self._days.get(number)
+        if day is None:
+            day = self._days[number] = dt.datetime.fromtimestamp(number * 86_400, tz=dt.UTC).date().isoformat()
+        return day
+
+    @property
+    def rows(self) -> dict[tuple[Dimension, str], Usage]:
+        """Usage per ``(dimension, key)`` for every dimension."""
+        rows: dict[tuple[Dimension, str], Usage] = {}
+        for key, usage in self.attributed.items():
+            for dimension, value in zip(DIMENSIONS, key, strict=True):
+                row = (dimension, value)
+                previous = rows.get(row)
+                rows[row] = usage if previous is None else previous.plus(usage)
+        return rows
 
     def by(self, dimension: Dimension) -> dict[str, Usage]:
         return {key: usage for (dim, key), usage in sorted(self.rows.items()) if dim == dimension}

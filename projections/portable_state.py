@@ -16,6 +16,8 @@ from domain.checkpoint import PortableState
 from domain.events import (
     BlobRef,
     CheckpointSealed,
+    EvidenceRecorded,
+    HandoffAccepted,
     IntentReconciled,
     IntentRecorded,
     LeaseGranted,
@@ -53,6 +55,7 @@ class ResumeState(msgspec.Struct):
     operation_ledger: str = ""
     placement: Placement | None = None
     tool_contracts: set[str] = set()
+    evidence_ref: BlobRef | None = None
 
 
 def fresh_resume_state(run_id: str = "") -> ResumeState:
@@ -90,10 +93,14 @@ class PortableStateFold:
             state.task_ref, state.task_digest = body.task_ref, body.task_ref.digest
         elif isinstance(body, TransitionRecorded | CheckpointSealed):
             state.task_ref, state.task_digest = body.state_ref, body.state_digest
+        elif isinstance(body, HandoffAccepted):  # the destination continues from the migrated state
+            state.task_ref, state.task_digest = body.state_ref, body.state_ref.digest
         elif isinstance(body, LeaseGranted):
             state.placement = body.placement
         elif isinstance(body, IntentRecorded):
             state.tool_contracts.add(body.tool_contract)
+        elif isinstance(body, EvidenceRecorded) and body.evidence_ref is not None:
+            state.evidence_ref = body.evidence_ref
         op_id: str | None = getattr(body, "op_id", None)
         if op_id is not None:
             # running digests, O(1) per event and order-sensitive: the manifest over the operation
@@ -111,6 +118,7 @@ class PortableStateFold:
 
     def snapshot(self) -> PortableState:
         run = self.run
+        authority = [run.epoch, run.holder, sorted(run.grants.items())]  # grants are references, never secrets
         draft = PortableState(
             run_id=run.run_id,
             position=run.version,
@@ -124,7 +132,7 @@ class PortableStateFold:
             task_state_digest=self.state.task_digest,
             observation_manifest_ref=self.state.manifest or digest_of(_MANIFEST_PREFIX, b""),
             operation_ledger_ref=self.state.operation_ledger or digest_of(_LEDGER_PREFIX, b""),
-            authority_context_ref=digest_of(_AUTHORITY_PREFIX, canonical_bytes([run.epoch, run.holder])),
+            authority_context_ref=digest_of(_AUTHORITY_PREFIX, canonical_bytes(authority)),
             budget_ledger_ref=digest_of(_BUDGET_PREFIX, canonical_bytes([run.usage, run.ceilings])),
             usage=run.usage,
             ceilings=run.ceilings,
@@ -133,6 +141,7 @@ class PortableStateFold:
             owner=run.holder,
             last_sealed_checkpoint=run.last_checkpoint_id,
             head_digest=run.head_digest,
+            verifier_evidence_ref=self.state.evidence_ref,
         )
         return msgspec.structs.replace(draft, checkpoint_hash=digest_of(_CHECKPOINT_PREFIX, canonical_bytes(draft)))
 

@@ -23,6 +23,7 @@ from domain.events import (
     IntentRecorded,
     ObservationRecorded,
     RecordedEvent,
+    StageReserved,
 )
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ReplayPrefix",
     "ReplayStep",
     "ReplayWindow",
+    "StageReservation",
     "prefix_steps",
     "replay_prefix",
 ]
@@ -41,8 +43,15 @@ __all__ = [
 Outcome = Literal["ok", "failed", "applied", "not_applied", "abandoned"]
 
 
+class StageReservation(msgspec.Struct, frozen=True):
+    """A recorded ``StageReserved``: a replay reserves the same fuel again (it is never refunded)."""
+
+    stage_id: str
+    fuel: int
+
+
 class ReplayStep(msgspec.Struct, frozen=True):
-    """One operation of the prefix: the recorded intent and how it ended."""
+    """One operation of the prefix: the recorded intent, the stage reservations before it, how it ended."""
 
     op_id: str
     kind: str
@@ -55,6 +64,7 @@ class ReplayStep(msgspec.Struct, frozen=True):
     failure_reason: str | None = None
     result: Any = None
     result_ref: BlobRef | None = None
+    reservations: tuple[StageReservation, ...] = ()
 
 
 class ReplayPrefix(msgspec.Struct, frozen=True):
@@ -94,6 +104,7 @@ class ReplayWindow(msgspec.Struct):
     start: int = 0
     settled: int = 0
     open: list[ReplayStep] = []
+    reserved: list[StageReservation] = []  # recorded since the last intent: they belong to the next one
 
 
 class ReplayFold:
@@ -107,9 +118,18 @@ class ReplayFold:
         body, window = event.body, self.window
         if isinstance(body, IntentRecorded):
             step = ReplayStep(
-                body.op_id, body.kind, body.tool_contract, body.context, body.context_digest, event.position
+                body.op_id,
+                body.kind,
+                body.tool_contract,
+                body.context,
+                body.context_digest,
+                event.position,
+                reservations=tuple(window.reserved),
             )
             window.open.append(step)
+            window.reserved.clear()
+        elif isinstance(body, StageReserved):
+            window.reserved.append(StageReservation(body.stage_id, body.fuel))
         elif isinstance(body, ObservationRecorded):
             self._settle(body.op_id, body.outcome, event.position, body.failure_reason, body.result, body.result_ref)
             return self._drain()
@@ -119,6 +139,7 @@ class ReplayFold:
         elif isinstance(body, CheckpointSealed):
             # sealing needs every intent settled (decide), so nothing open is lost here
             window.start, window.settled = event.position, 0
+            window.reserved.clear()
             window.open = [step for step in window.open if step.outcome is None]
         return ()
 
@@ -197,6 +218,8 @@ class ReplayCursor:
             self._steps, self._length = iter(steps), prefix.length
         self._uncertain = prefix.uncertain
         self._next = 0
+        self._peeked: ReplayStep | None = None
+        self._reserved: list[StageReservation] = []
 
     @property
     def consumed(self) -> bool:
@@ -210,10 +233,9 @@ class ReplayCursor:
         if self.consumed:
             self.require_new_effects_allowed()
             return None
-        step = next(self._steps, None)
-        if step is None:
-            msg = f"the log holds fewer than the {self._length} recorded operations this prefix promised"
-            raise ReplayIncomplete(msg)
+        step = self._peek()
+        if tuple(self._reserved) != step.reservations:
+            self._refuse_reservations(step)
         offered = {"op_id": op_id, "kind": kind, "tool_contract": tool_contract}
         differing = tuple(name for name, value in offered.items() if value != getattr(step, name))
         try:
@@ -231,7 +253,35 @@ class ReplayCursor:
             msg = f"replay diverged at position {step.intent_position}: {', '.join(differing)} differ from the record"
             raise ReplayDivergence(msg, step.intent_position, differing)
         self._next += 1
+        self._peeked = None
+        self._reserved.clear()
         return step
+
+    def next_reservations(self) -> tuple[StageReservation, ...]:
+        """The stages to reserve again (submit ``ReserveStage``, then ``reserved``) before the next offer."""
+        return () if self.consumed else self._peek().reservations
+
+    def reserved(self, stage_id: str, fuel: int) -> None:
+        """Tell the cursor that this replay's ``ReserveStage(stage_id, fuel)`` was accepted."""
+        self._reserved.append(StageReservation(stage_id, fuel))
+
+    def _peek(self) -> ReplayStep:
+        if self._peeked is None:
+            self._peeked = next(self._steps, None)
+            if self._peeked is None:
+                msg = f"the log holds fewer than the {self._length} recorded operations this prefix promised"
+                raise ReplayIncomplete(msg)
+        return self._peeked
+
+    def _refuse_reservations(self, step: ReplayStep) -> None:
+        wanted = ", ".join(f"{r.stage_id} ({r.fuel} fuel)" for r in step.reservations) or "none"
+        done = ", ".join(f"{r.stage_id} ({r.fuel} fuel)" for r in self._reserved) or "none"
+        prefix_so_far = step.reservations[: len(self._reserved)] == tuple(self._reserved)
+        if len(self._reserved) < len(step.reservations) and prefix_so_far:
+            msg = f"before replaying position {step.intent_position}, reserve again: {wanted} (reserved so far: {done})"
+            raise ReplayIncomplete(msg)
+        msg = f"replay diverged at position {step.intent_position}: reserved {done}, the record reserved {wanted}"
+        raise ReplayDivergence(msg, step.intent_position, ("stage_reservations",))
 
     def require_new_effects_allowed(self) -> None:
         """Refuse new effects until the prefix is consumed and nothing is uncertain."""

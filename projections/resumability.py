@@ -92,7 +92,6 @@ def classify(summary: RunSummary, target: Placement, now: int) -> Resumability: 
     if unsafe:
         return Resumability(ResumabilityClass.MIGRATION_UNSAFE, tuple(unsafe))
 
-    lease = state.lease
     found: list[tuple[ResumabilityClass, str]] = []
     effects = [s for s in prefix.uncertain if s.kind == "effect"]
     pure = [s for s in prefix.uncertain if s.kind == "pure"]
@@ -104,13 +103,7 @@ def classify(summary: RunSummary, target: Placement, now: int) -> Resumability: 
                 "outcome: reconcile it before any new effect",
             )
         )
-    if lease is None:
-        found.append(
-            (ResumabilityClass.R4, f"no live lease (last epoch {state.epoch}): acquire epoch {state.epoch + 1}")
-        )
-    elif lease.worker != target.worker or now >= lease.expires_at:
-        holder = "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {lease.expires_at}"
-        found.append((ResumabilityClass.R4, f"lease epoch {lease.epoch} is {holder}: the epoch must advance"))
+    found += _ownership(state, target, now)
     if prefix.length:
         found.append((ResumabilityClass.R3, f"{prefix.length} recorded outcomes are replayed without calling the host"))
     for step in pure:
@@ -125,3 +118,23 @@ def classify(summary: RunSummary, target: Placement, now: int) -> Resumability: 
         return Resumability(ResumabilityClass.R2, (f"deterministic state at {state.stage}: nothing to replay",))
     strongest = max((cls for cls, _ in found), key=_STRENGTH.__getitem__)
     return Resumability(strongest, tuple(reason for _, reason in found))
+
+
+def _ownership(state: RunState, target: Placement, now: int) -> list[tuple[ResumabilityClass, str]]:
+    """R4 reasons: a handoff is in flight, or the epoch must advance for ``target`` to own the run."""
+    lease, found = state.lease, []
+    if state.pending_handoff is not None:
+        holder = lease.worker if lease else "nobody"
+        reason = (
+            f"handoff {state.pending_handoff} to {holder!r} is prepared: only its destination may accept it, "
+            "or the holder aborts it"
+        )
+        found.append((ResumabilityClass.R4, reason))
+    if lease is None:
+        found.append(
+            (ResumabilityClass.R4, f"no live lease (last epoch {state.epoch}): acquire epoch {state.epoch + 1}")
+        )
+    elif lease.worker != target.worker or now >= lease.expires_at:
+        holder = "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {lease.expires_at}"
+        found.append((ResumabilityClass.R4, f"lease epoch {lease.epoch} is {holder}: the epoch must advance"))
+    return found

@@ -33,10 +33,10 @@ from adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_rec
 from domain import errors
 from domain.canonical import digest_of
 from domain.chain import ChainReport, seal, verify_chain
-from domain.commands import AcquireLease, ExpireLease, OpenRun, Submission, Verdict
-from domain.decide import decide
+from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
+from domain.decide import decide, envelope_epoch
 from domain.errors import ChainBroken
-from domain.events import LeaseGranted, RecordedEvent
+from domain.events import RecordedEvent
 from domain.fencing import fence_for
 from domain.state import RunState, apply, fold
 from projections.portable_state import PortableStateFold
@@ -45,7 +45,7 @@ from projections.replay import PrefixOutline, ReplayCursor, ReplayStep, prefix_s
 __all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 
 _SUBMISSION_PREFIX = b"baton.submission.v1\x00"
-_UNFENCED = (OpenRun, AcquireLease, ExpireLease)
+_UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race is re-decided, not called stale
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
 _SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v2"
@@ -253,6 +253,9 @@ class RunLedger(Application[str]):
         it is not trusted (the cache may be behind): the caller refreshes and decides again.
         """
         run_ids = sorted({s.run_id for s in batch})
+        if len(run_ids) == 1:  # the common case, without the ExitStack of ``_run_locks``
+            with self._stripes[hash(run_ids[0]) % len(self._stripes)]:
+                return self._attempt_locked(batch, run_ids, refresh=refresh, all_or_nothing=all_or_nothing)
         with self._run_locks(run_ids):
             return self._attempt_locked(batch, run_ids, refresh=refresh, all_or_nothing=all_or_nothing)
 
@@ -274,7 +277,7 @@ class RunLedger(Application[str]):
                 if all_or_nothing or not refresh:
                     return None
                 return [self._after_rejection(submission, rejection)]
-            epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), state.epoch)
+            epoch = envelope_epoch(state, submission, bodies)
             for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
                 apply(state, recorded)
                 pending.append(StoredRunEvent(recorded))

@@ -18,6 +18,7 @@ import psycopg
 from eventsourcing.persistence import IntegrityError, InterfaceError, Notification, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
+from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from adapters.eventstore.fenced import (
@@ -151,18 +152,15 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.append_statement = (
             SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 20) + ")").format(**fmt).as_string(None)
         )
+        # Positional parameters (see ``_append_one``): psycopg reorders a dict on every execute.
         self.append_one_statement = (
             SQL(
-                "WITH f AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
-                "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
-                "status = %(status)s WHERE run_id = %(run_id)s AND head = %(expected_head)s "
-                "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
-                "AND holder IS NOT DISTINCT FROM %(expected_holder)s::text RETURNING run_id), "
-                "s AS (INSERT INTO {schema}.baton_submissions "
-                "SELECT %(submission_id)s, run_id, %(content_digest)s, %(new_head)s FROM f) "
+                "WITH f AS (UPDATE {schema}.baton_runs SET head = %s, head_digest = %s, epoch = %s, holder = %s, "
+                "expires_at = %s, stage = %s, status = %s WHERE run_id = %s AND head = %s AND head_digest = %s "
+                "AND epoch = %s AND holder IS NOT DISTINCT FROM %s::text RETURNING run_id, head), "
+                "s AS (INSERT INTO {schema}.baton_submissions SELECT %s, run_id, %s, head FROM f) "
                 "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state, notification_id) "
-                "SELECT run_id, %(new_head)s, %(topic)s, %(state)s, (pg_current_xact_id()::text::bigint << 16) + 1 "
-                "FROM f RETURNING notification_id"
+                "SELECT run_id, head, %s, %s, (pg_current_xact_id()::text::bigint << 16) + 1 FROM f"
             )
             .format(**fmt)
             .as_string(None)
@@ -195,46 +193,48 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         fences = sorted_fences(kwargs.get("fences", ()))
         submissions: Sequence[SubmissionRow] = kwargs.get("submissions", ())
         try:
-            with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
                 if len(fences) == len(submissions) == len(stored_events) == 1 and fences[0].expected_head > 0:
-                    return self._append_one(curs, fences[0], submissions[0], stored_events[0])
-                curs.execute(self.append_statement, _append_params(fences, submissions, stored_events), prepare=True)
-                return [row["baton_append"] for row in curs.fetchall()]
+                    self._append_one(curs, fences[0], submissions[0], stored_events[0])
+                else:
+                    curs.execute(
+                        self.append_statement, _append_params(fences, submissions, stored_events), prepare=True
+                    )
         except IntegrityError as exc:
             raise _translate(exc) from None
+        return None  # no notification ids: the ledger does not use them, so the library builds no Recordings
 
-    def _append_one(self, curs: Any, fence: Fence, row: SubmissionRow, event: StoredEvent) -> list[int]:
-        """The single-event fast path; zero rows back means the compare-and-set missed."""
+    def _append_one(self, curs: Any, fence: Fence, row: SubmissionRow, event: StoredEvent) -> None:
+        """The single-event fast path; no row inserted means the compare-and-set missed."""
         curs.execute(
             self.append_one_statement,
-            {
-                "run_id": fence.run_id,
-                "expected_head": fence.expected_head,
-                "expected_head_digest": fence.expected_head_digest,
-                "expected_epoch": fence.expected_epoch,
-                "expected_holder": fence.expected_holder,
-                "new_head": fence.new_head,
-                "new_head_digest": fence.new_head_digest,
-                "new_epoch": fence.new_epoch,
-                "new_holder": fence.new_holder,
-                "new_expires_at": fence.new_expires_at,
-                "stage": fence.stage,
-                "status": fence.status,
-                "submission_id": row.submission_id,
-                "content_digest": row.content_digest,
-                "topic": event.topic,
-                "state": event.state,
-            },
+            (
+                fence.new_head,
+                fence.new_head_digest,
+                fence.new_epoch,
+                fence.new_holder,
+                fence.new_expires_at,
+                fence.stage,
+                fence.status,
+                fence.run_id,
+                fence.expected_head,
+                fence.expected_head_digest,
+                fence.expected_epoch,
+                fence.expected_holder,
+                row.submission_id,
+                row.content_digest,
+                event.topic,
+                event.state,
+            ),
             prepare=True,
         )
-        found = curs.fetchone()
-        if found is not None:
-            return [found["notification_id"]]
+        if curs.rowcount == 1:
+            return
         curs.execute(self.select_run_statement, (fence.run_id,), prepare=True)
         current = curs.fetchone()
         if current is None:
             raise AppendConflict(f"run {fence.run_id!r} has no run row")
-        raise FenceViolation(fence.run_id, current["head"], current["epoch"], current["holder"])
+        raise FenceViolation(fence.run_id, current[0], current[1], current[2])
 
     def stream_events(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[tuple[str, bytes]]:
         """(topic, state) of a run's events in position order through one server-side cursor.

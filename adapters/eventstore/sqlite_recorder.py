@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
@@ -54,20 +55,40 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
         submissions: Sequence[SubmissionRow] = (),
         **kwargs: Any,
     ) -> Sequence[int] | None:
+        """Fence, then insert the submission rows and the events, each with one ``executemany``.
+
+        Returns no notification ids: the ledger does not use them, and without them the library
+        builds no per-event ``Recording``; readers get ids from ``select_notifications``.
+        """
         for fence in sorted_fences(fences):
             self._apply_fence(c, fence)
-        for row in submissions:
-            try:
-                c.execute(
-                    "INSERT INTO baton_submissions VALUES (?,?,?,?)",
-                    (row.submission_id, row.run_id, row.content_digest, row.position),
-                )
-            except sqlite3.IntegrityError:
-                raise DuplicateSubmission(row.submission_id) from None
+        cursor: sqlite3.Cursor = c.sqlite_cursor
+        inserted = cursor.connection.total_changes
         try:
-            return super()._insert_events(c, stored_events, **kwargs)
+            cursor.executemany(
+                "INSERT INTO baton_submissions VALUES (?,?,?,?)",
+                [(row.submission_id, row.run_id, row.content_digest, row.position) for row in submissions],
+            )
+        except sqlite3.IntegrityError:
+            done = cursor.connection.total_changes - inserted  # the rows before the duplicate went in
+            failed = submissions[min(done, len(submissions) - 1)]
+            raise DuplicateSubmission(failed.submission_id) from None
+        try:
+            cursor.executemany(
+                self.insert_events_statement,
+                [
+                    (
+                        s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
+                        s.originator_version,
+                        s.topic,
+                        s.state,
+                    )
+                    for s in stored_events
+                ],
+            )
         except sqlite3.IntegrityError as exc:
             raise AppendConflict(str(exc)) from None
+        return None
 
     @staticmethod
     def _apply_fence(c: SQLiteCursor, f: Fence) -> None:

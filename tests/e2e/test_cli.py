@@ -141,7 +141,11 @@ def test_resume_state_and_budgets_read_the_demo_run(tmp_path: Path) -> None:
     assert resumed["resumability"]["class"] == "R0"
     assert resumed["checkpoint"]["checkpoint_hash"].startswith("sha256:")
     assert resumed["checkpoint"]["position"] == 22
-    assert len(resumed["replay_prefix"]) == 4
+    history = lines(baton(tmp_path, "history", run_id, "--json").stdout)
+    sealed = [event["position"] for event in history if event["type"] == "CheckpointSealed"]
+    assert resumed["replay_after_position"] == sealed[-1]  # the prefix starts after the last sealed checkpoint
+    intents_after = [e["position"] for e in history if e["type"] == "IntentRecorded" and e["position"] > sealed[-1]]
+    assert [step["intent_position"] for step in resumed["replay_prefix"]] == intents_after
     assert resumed["uncertain"] == []
 
     at_13 = json.loads(baton(tmp_path, "state", run_id, "--at", "13", "--json").stdout)

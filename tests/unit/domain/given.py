@@ -26,8 +26,8 @@ from domain.commands import (
     RecordTransition,
     Submission,
 )
-from domain.decide import context_digest, decide
-from domain.events import BlobRef, Event, IntentContext, LeaseGranted, Placement, RecordedEvent
+from domain.decide import context_digest, decide, envelope_epoch
+from domain.events import BlobRef, Event, IntentContext, Placement, RecordedEvent
 from domain.stages import Stage
 from domain.state import RunState, apply
 
@@ -132,9 +132,9 @@ class History:
         """Decide, seal and apply one submission, exactly as the ledger does; it must be accepted."""
         submission = self.submission(command, worker=worker, epoch=epoch)
         bodies = decide(self.state, submission, self.now)
-        envelope_epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), self.state.epoch)
+        epoch = envelope_epoch(self.state, submission, bodies)
         recorded = seal(
-            self.state.run_id, self.state.version, self.state.head_digest, submission, envelope_epoch, bodies, self.now
+            self.state.run_id, self.state.version, self.state.head_digest, submission, epoch, bodies, self.now
         )
         for event in recorded:
             apply(self.state, event)

@@ -127,6 +127,14 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "CredentialInPayload": "credential_in_payload",
         "PriorUsageExhaustsDestination": "prior_usage_exhausts_destination",
         "MigrationMissing": "migration_missing",
+        "HandoffUnsafe": "handoff_unsafe",
+        "HandoffPending": "handoff_pending",
+        "NoHandoff": "no_handoff",
+        "SuccessorExists": "successor_exists",
+        "AuthorityMissing": "authority_missing",
+        "SelfAuthorization": "self_authorization",
+        "ApprovalMismatch": "approval_mismatch",
+        "ReverificationRequired": "reverification_required",
     }
 
 

@@ -51,7 +51,7 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.decide import MAX_INLINE_BYTES, context_digest, decide
+from domain.decide import MAX_INLINE_BYTES, context_digest, decide, envelope_epoch
 from domain.events import BlobRef, FailureReason, IntentContext, LeaseGranted, RecordedEvent
 from domain.stages import Stage, is_legal
 from domain.state import RunState, evolve, fold
@@ -334,8 +334,8 @@ class RunProtocol(RuleBasedStateMachine):
             assert submission.epoch == before.epoch == lease.epoch, "(2) fenced command at a stale epoch"
             assert self.now < lease.expires_at, "(2) fenced command accepted on an expired lease"
 
-        envelope_epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), before.epoch)
-        recorded = seal(RUN, before.version, before.head_digest, submission, envelope_epoch, bodies, self.now)
+        epoch = envelope_epoch(before, submission, bodies)
+        recorded = seal(RUN, before.version, before.head_digest, submission, epoch, bodies, self.now)
 
         # (4) evolve/fold never touch their input.
         after = before
@@ -409,7 +409,7 @@ def _history(steps: list[tuple[str, Command]]) -> tuple[RunState, list[RecordedE
             bodies = decide(state, submission, now)
         except errors.Rejection:
             continue
-        epoch = next((b.epoch for b in bodies if isinstance(b, LeaseGranted)), state.epoch)
+        epoch = envelope_epoch(state, submission, bodies)
         recorded = seal(RUN, state.version, state.head_digest, submission, epoch, bodies, now)
         state = fold(recorded, state)
         log.extend(recorded)

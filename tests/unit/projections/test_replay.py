@@ -13,15 +13,18 @@ from typing import Any, Literal
 import pytest
 
 from domain import errors
-from domain.commands import ReconcileIntent, RecordIntent
+from domain.commands import ReconcileIntent, RecordIntent, ReserveStage, SealCheckpoint
 from domain.decide import context_digest
 from domain.events import IntentContext
 from projections.replay import (
     ReplayCursor,
     ReplayDivergence,
+    ReplayFold,
     ReplayIncomplete,
     ReplayPrefix,
     ReplayStep,
+    StageReservation,
+    prefix_steps,
     replay_prefix,
 )
 
@@ -259,3 +262,64 @@ def test_cursor_replays_a_reconciled_operation_instead_of_resending_it() -> None
 
     assert resume(cursor, host, [intent("op-1"), intent("op-2")]) == [{"rows": 3}, {"fresh": "op-2"}]
     assert host.calls == ["op-2"]
+
+
+# -- checkpoints and stage reservations -----------------------------------------------------------
+
+
+def test_prefix_starts_after_the_last_sealed_checkpoint() -> None:
+    """Operations before a sealed checkpoint are part of its task state: only later ones are replayed."""
+    history = settled(given().opened().leased(W1), "op-1")
+    history.record(SealCheckpoint("ckpt-1", "sha256:state-1"))
+    sealed_at = history.state.version
+    settled(history, "op-2")
+
+    prefix = replay_prefix(history.log)
+
+    assert (prefix.start, ops(prefix.steps)) == (sealed_at, ["op-2"])
+
+
+def test_replayed_stage_must_be_reserved_again_before_its_operation() -> None:
+    """A recorded stage reservation is charged again on replay: the cursor refuses the step until it is."""
+    history = given().opened().leased(W1)
+    history.record(ReserveStage("plan", 5))
+    settled(history, "op-1", result="planned")
+    cursor = ReplayCursor(replay_prefix(history.log))
+
+    assert cursor.next_reservations() == (StageReservation("plan", 5),)
+    with pytest.raises(ReplayIncomplete, match="reserve again: plan"):
+        cursor.offer("op-1", "effect", "shell@1", context("op-1"))
+    history.record(ReserveStage("plan", 5))  # the resuming worker reserves the stage's fuel again
+    cursor.reserved("plan", 5)
+
+    step = cursor.offer("op-1", "effect", "shell@1", context("op-1"))
+    assert step is not None and step.result == "planned"
+    assert history.state.usage.reserved_fuel == 10  # never refunded: both reservations count
+
+
+def test_replay_reserving_other_fuel_than_recorded_diverges() -> None:
+    """Reserving a stage with different fuel than the record is a divergence naming the reservations."""
+    history = given().opened().leased(W1)
+    history.record(ReserveStage("plan", 5))
+    settled(history, "op-1")
+    cursor = ReplayCursor(replay_prefix(history.log))
+    cursor.reserved("plan", 4)
+
+    with pytest.raises(ReplayDivergence) as caught:
+        cursor.offer("op-1", "effect", "shell@1", context("op-1"))
+
+    assert (caught.value.position, caught.value.fields) == (4, ("stage_reservations",))
+
+
+def test_streamed_cursor_over_an_outline_replays_like_the_materialised_prefix() -> None:
+    """A cursor fed one step at a time from the log behaves like one over the whole prefix."""
+    history = settled(settled(given().opened().leased(W1), "op-1", result=1), "op-2", result=2)
+    fold = ReplayFold()
+    for event in history.log:
+        fold.apply(event)
+    outline = fold.outline()
+    cursor = ReplayCursor(outline, prefix_steps((e for e in history.log if e.position > outline.start), outline.length))
+
+    results = resume(cursor, RecordingHost(), [intent("op-1"), intent("op-2")])
+
+    assert (outline.length, results, cursor.consumed) == (2, [1, 2], True)

@@ -1,0 +1,167 @@
+"""Handoff through a ledger: build the document from the log, prepare, accept or import, read status.
+
+The domain decides (``domain.handoff``) and verifies the document itself; this module only reads
+the log to build the document and turns each step into one submission whose id is derived from the
+document's digest. A retry after a lost acknowledgement is therefore the same submission and gets
+the original verdict, and ``status`` answers "did it happen?" by reading the store, never by
+assuming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.eventstore import RunLedger
+from domain import authority, errors
+from domain.authority import GateDecision
+from domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission, Verdict
+from domain.events import Placement
+from domain.handoff_document import (
+    HandoffDocument,
+    decode_document,
+    document_digest,
+    encode_document,
+    state_digest_of,
+)
+from domain.migrations import REGISTRY, MigrationRegistry
+
+__all__ = [
+    "HandoffStatus",
+    "PreparedHandoff",
+    "abort",
+    "accept",
+    "build_document",
+    "gate",
+    "prepare",
+    "status",
+    "submit_prepare",
+]
+
+
+@dataclass(frozen=True)
+class PreparedHandoff:
+    document: bytes
+    digest: str
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class HandoffStatus:
+    """What the store says about a run's handoffs: the only source of truth after a lost reply."""
+
+    run_id: str
+    exists: bool
+    pending: str | None
+    accepted: str | None
+    epoch: int
+    holder: str | None
+    position: int
+
+
+def build_document(
+    ledger: RunLedger,
+    run_id: str,
+    *,
+    destination: Placement,
+    state: dict[str, Any],
+    to_version: int | None = None,
+    registry: MigrationRegistry = REGISTRY,
+) -> bytes:
+    """The canonical document handing ``run_id`` to ``destination``, from the log as it is now.
+
+    ``state`` is the task state the last checkpoint sealed (its digest must match: the meaning of
+    the run may not change on the way); the migration to ``to_version`` runs here, once, and its
+    result travels in the document, so no resume ever runs it again.
+    """
+    fold = ledger.resume_fold(run_id)
+    run = fold.run
+    if not run.opened:
+        raise errors.RunNotFound(f"run {run_id!r} does not exist")
+    if run.lease is None:
+        raise errors.NoLease(f"run {run_id!r} has no lease holder to hand it off")
+    checkpoint = fold.snapshot()
+    if state_digest_of(state) != checkpoint.task_state_digest:
+        msg = (
+            f"the state given has digest {state_digest_of(state)}, but the run's checkpoint sealed "
+            f"{checkpoint.task_state_digest}: hand off exactly the sealed state"
+        )
+        raise errors.HandoffDigestMismatch(msg)
+    target = run.schema_version if to_version is None else to_version
+    migrated, migration = registry.migrate(state, run.schema_name, run.schema_version, target)
+    source = checkpoint.placement or run.lease.placement
+    document = HandoffDocument(
+        run_id=run_id,
+        checkpoint=checkpoint,
+        state_schema_name=migration.to_schema,
+        state_schema_version=migration.to_version,
+        state=migrated,
+        state_digest=state_digest_of(migrated),
+        usage=run.usage,
+        ceilings=run.ceilings,
+        migration=migration,
+        predecessor_digest=run.handoff_digest,
+        source=source,
+        destination=destination,
+        source_epoch=run.epoch,
+        source_worker=run.lease.worker,
+        destination_worker=destination.worker,
+    )
+    return encode_document(document)
+
+
+def prepare(
+    ledger: RunLedger,
+    run_id: str,
+    *,
+    destination: Placement,
+    state: dict[str, Any],
+    to_version: int | None = None,
+    ttl_ms: int = 30_000,
+) -> PreparedHandoff:
+    """Build the document and submit it as the current holder: the lease moves in the same append."""
+    data = build_document(ledger, run_id, destination=destination, state=state, to_version=to_version)
+    return submit_prepare(ledger, data, ttl_ms=ttl_ms)
+
+
+def submit_prepare(ledger: RunLedger, document: bytes, *, ttl_ms: int = 30_000) -> PreparedHandoff:
+    """Submit a built document; repeating it after a lost reply is the same submission (a duplicate)."""
+    digest = document_digest(document)
+    doc = decode_document(document)
+    command = PrepareHandoff(document.decode(), ttl_ms)
+    submission = Submission(f"handoff-prepare:{digest}", doc.run_id, doc.source_worker, command, doc.source_epoch)
+    return PreparedHandoff(document, digest, ledger.submit(submission))
+
+
+def accept(ledger: RunLedger, document: bytes, expected_digest: str, *, ttl_ms: int = 30_000) -> Verdict:
+    """The destination's acceptance (in this store) or import (into a store without the run).
+
+    The domain verifies ``document`` against ``expected_digest``; the submission id is derived
+    from the digest, so repeating an import or an acceptance is idempotent.
+    """
+    doc = decode_document(document)
+    run = ledger.state(doc.run_id)
+    epoch = run.epoch if run.opened else doc.source_epoch + 1
+    command = AcceptHandoff(document.decode(), expected_digest, ttl_ms)
+    return ledger.submit(
+        Submission(f"handoff-accept:{expected_digest}", doc.run_id, doc.destination_worker, command, epoch)
+    )
+
+
+def abort(ledger: RunLedger, run_id: str, worker: str, reason: str) -> Verdict:
+    """Call off a prepared handoff as the current lease holder."""
+    run = ledger.state(run_id)
+    submission_id = f"handoff-abort:{run.pending_handoff or 'none'}:{worker}"
+    return ledger.submit(Submission(submission_id, run_id, worker, AbortHandoff(reason), run.epoch))
+
+
+def gate(ledger: RunLedger, run_id: str, worker: str, epoch: int, op_id: str) -> GateDecision:
+    """The mutation gateway: may ``worker`` at ``epoch`` perform ``op_id`` now (by the store's clock)?"""
+    return authority.gate(ledger.state(run_id), worker, epoch, op_id, ledger.clock.now())
+
+
+def status(ledger: RunLedger, run_id: str) -> HandoffStatus:
+    run = ledger.state(run_id)
+    return HandoffStatus(
+        run_id, run.opened, run.pending_handoff, run.handoff_digest, run.epoch, run.holder, run.version
+    )

@@ -1,0 +1,161 @@
+"""The auditor's commands run as a user would: real processes on the demo's embedded store."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from test_cli import baton, lines
+
+from adapters import cli_audit
+from adapters.cli import main
+
+
+def in_process(*args: str) -> tuple[int, str]:
+    """``baton ARGS`` in this process (no interpreter start-up): exit status and stdout."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory whose ./baton.db holds the demo's committed run (22 events)."""
+    directory = tmp_path_factory.mktemp("demo")
+    result = baton(directory, "demo")
+    assert result.returncode == 0, result.stderr
+    return directory
+
+
+@pytest.fixture(scope="module")
+def run_id(demo_dir: Path) -> str:
+    return str(lines(baton(demo_dir, "runs", "--json").stdout)[0]["run_id"])
+
+
+def test_audit_of_a_clean_store_exits_0_with_the_json_shape(demo_dir: Path, run_id: str) -> None:
+    """Given the demo store, when `baton audit --all --json` runs, then ok with counts and no problems, exit 0."""
+    result = baton(demo_dir, "audit", "--all", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"ok": True, "runs_checked": 1, "events_checked": 22, "problems": []}
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+    one = baton(demo_dir, "audit", run_id)
+    assert one.returncode == 0
+    assert "audited 1 runs, 22 events: ok" in one.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("audit",),
+        ("audit", "no-such-run"),
+        ("audit", "--all", "--store", "sqlite:///empty.db"),
+        ("audit", "x", "--all"),
+    ],
+    ids=["no-run", "unknown-run", "uninitialised-store", "both"],
+)
+def test_usage_and_store_errors_exit_2(demo_dir: Path, args: tuple[str, ...]) -> None:
+    """Given a missing or unknown run, or a store without tables, when audited, then exit 2 with a message."""
+    result = baton(demo_dir, *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("baton:")
+
+
+def test_a_tampered_store_exits_1_naming_code_and_position(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
+    """Given one value of event 3 changed in the database, when audited, then exit 1 with digest_mismatch at 3."""
+    shutil.copy(demo_dir / "baton.db", tmp_path / "baton.db")
+    with sqlite3.connect(tmp_path / "baton.db") as conn:
+        conn.execute("DROP TRIGGER stored_events_no_update")
+        (state,) = conn.execute(
+            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = 3", (run_id,)
+        ).fetchone()
+        envelope = json.loads(state)
+        envelope["worker"] = "mallory"
+        conn.execute(
+            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = 3",
+            (json.dumps(envelope).encode(), run_id),
+        )
+
+    result = baton(tmp_path, "audit", "--all", "--json")
+
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert report["problems"][0] == {
+        **report["problems"][0],
+        "run_id": run_id,
+        "position": 3,
+        "code": "digest_mismatch",
+    }
+    assert set(report["problems"][0]) == {"run_id", "position", "code", "detail"}
+
+
+def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
+    """Given an export of the demo run, when verified it passes; when one line is altered, it fails there."""
+    export = tmp_path / "run.jsonl"
+    assert baton(demo_dir, "export", run_id, "--format", "jsonl", "-o", str(export)).returncode == 0
+    rows = [json.loads(line) for line in export.read_text().splitlines()]
+    assert [row["position"] for row in rows] == [str(n) for n in range(1, 23)]  # canonical: integers as strings
+    history = lines(baton(demo_dir, "history", run_id, "--json").stdout)
+    assert [row["digest"] for row in rows] == [h["digest"] for h in history]
+
+    code, verified = in_process("verify-export", str(export), "--json", "--expect-head", rows[-1]["digest"])
+    assert code == 0, verified
+    assert json.loads(verified) == {"ok": True, "runs_checked": 1, "events_checked": 22, "problems": []}
+
+    text = export.read_text().splitlines(keepends=True)
+    text[6] = text[6].replace('"worker":"worker-a"', '"worker":"worker-z"', 1)
+    export.write_text("".join(text))
+    failed = baton(tmp_path, "verify-export", str(export), "--json")  # a real process: no store anywhere
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["problems"][0]["position"] == 7
+    assert json.loads(failed.stdout)["problems"][0]["code"] == "digest_mismatch"
+
+    truncated = tmp_path / "short.jsonl"
+    truncated.write_text("".join(text[:5]))
+    code, wrong_head = in_process("verify-export", str(truncated), "--json", "--expect-head", rows[-1]["digest"])
+    assert code == 1
+    assert [p["code"] for p in json.loads(wrong_head)["problems"]] == ["head_mismatch"]
+    assert in_process("verify-export", str(tmp_path / "missing.jsonl"))[0] == 2
+
+
+def test_explain_tells_the_run_at_a_position(demo_dir: Path, run_id: str) -> None:
+    """Given the demo run, when explained at position 5 and at the head, then the owner, class and audit are told."""
+    early = baton(demo_dir, "explain", run_id, "--at", "5")
+    assert early.returncode == 0, early.stderr
+    assert "At position 5" in early.stdout
+    assert "owned by 'worker-a' at epoch 1" in early.stdout
+    assert "'op-2' (effect, editor@1, intended at 5)" in early.stdout  # its outcome is not recorded yet
+    assert "would be R5" in early.stdout  # reconcile first, and another worker must take a new epoch
+    assert "audits clean" in early.stdout
+    head = json.loads(in_process("explain", run_id, "--json", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[1])
+    assert head["position"] == 22
+    assert any("completed" in sentence and "R0" not in sentence for sentence in head["sentences"])
+    assert any("R0" in sentence for sentence in head["sentences"])
+    assert in_process("explain", "no-such-run", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[0] == 2
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_with_rate_on_a_terminal_and_never_with_json(
+    demo_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given stderr is a terminal (and the bar's threshold lowered), when audited, then a bar with ev/s; with
+    --json, no bar."""
+    monkeypatch.setattr(cli_audit, "PROGRESS_MIN_EVENTS", 1)
+    store = f"sqlite:///{demo_dir / 'baton.db'}"
+    for extra, drawn in (((), True), (("--json",), False)):
+        terminal = _Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        assert main(["audit", "--all", "--store", store, *extra]) == 0
+        assert ("ev/s" in terminal.getvalue()) is drawn
+        assert "22/22 events" in terminal.getvalue() or not drawn
+    capsys.readouterr()

@@ -1,0 +1,68 @@
+"""``baton handoff``: a run leaves one store as a document and continues in another, from a shell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_cli import baton, lines
+
+from domain.handoff_document import state_digest_of
+
+STATE = {"goal": "fix the flaky retry", "candidates": [{"patch": "p1", "verdict": "pending"}]}
+
+
+def sealed_run(tmp_path: Path, store: str) -> None:
+    """A run in ``store`` whose holder w1 sealed ``STATE`` at CANDIDATE_READY."""
+    digest = state_digest_of(STATE)
+    commands = [
+        {
+            "type": "open_run",
+            "release_id": "rel-1",
+            "schema_name": "coding-agent",
+            "schema_version": 1,
+            "task_ref": {"digest": digest, "size": 80},
+        },
+        {"type": "acquire_lease", "placement": {"worker": "w1", "tool_contracts": ["git@1"]}, "ttl_ms": 600000},
+        {"type": "record_transition", "to_stage": "CANDIDATE_READY", "state_digest": digest},
+        {"type": "seal_checkpoint", "checkpoint_id": "ckpt-1", "state_digest": digest},
+    ]
+    submissions = [
+        {"submission_id": f"s{i}", "run_id": "r1", "worker": "w1", "command": command, "epoch": 0 if i < 2 else 1}
+        for i, command in enumerate(commands)
+    ]
+    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    verdicts = lines(baton(tmp_path, "submit", "--store", store, stdin="\n".join(map(json.dumps, submissions))).stdout)
+    assert [v["verdict"] for v in verdicts] == ["accepted"] * 4
+
+
+def test_export_then_import_moves_the_run_between_stores_exactly_once(tmp_path: Path) -> None:
+    """Given a sealed run in store A, when it is exported to w2 and imported into store B (twice, and once
+    with a wrong digest), then B continues it at the next epoch, migrated, and only once."""
+    source, target = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    sealed_run(tmp_path, source)
+    (tmp_path / "state.json").write_text(json.dumps(STATE), encoding="utf-8")
+    assert baton(tmp_path, "store", "init", "--store", target).returncode == 0
+
+    exported = baton(
+        tmp_path, "handoff", "export", "r1", "--to", "w2", "--state", "state.json", "--to-version", "2",
+        "--tool-contract", "git@1", "--store", source,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    digest = exported.stderr.strip()
+    (tmp_path / "doc.json").write_text(exported.stdout, encoding="utf-8")
+    wrong = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", "sha256:" + "1" * 64, "--store", target)
+    first = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", digest, "--store", target)
+    again = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", digest, "--store", target)
+
+    assert (wrong.returncode, json.loads(wrong.stdout)["reason"]) == (1, "digest_mismatch")
+    assert (first.returncode, json.loads(first.stdout)["verdict"]) == (0, "accepted")
+    assert json.loads(again.stdout)["verdict"] == "duplicate"
+    assert json.loads(again.stdout)["position"] == json.loads(first.stdout)["position"]
+    status = json.loads(baton(tmp_path, "handoff", "status", "r1", "--store", target).stdout)
+    assert (status["accepted"], status["holder"], status["epoch"]) == (digest, "w2", 2)
+    assert json.loads(baton(tmp_path, "handoff", "status", "r1", "--store", source).stdout)["pending"] == digest
+    history = lines(baton(tmp_path, "history", "r1", "--json", "--store", target).stdout)
+    assert [h["type"] for h in history] == ["HandoffAccepted", "LeaseGranted"]
+    assert json.loads(exported.stdout)["state"]["attempts"] == 1  # migrated once, at export
+    assert baton(tmp_path, "verify", "r1", "--store", target).returncode == 0

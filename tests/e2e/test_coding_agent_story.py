@@ -1,0 +1,155 @@
+"""The coding-agent story, end to end on real stores (SQLite and the embedded PostgreSQL).
+
+Worker w1 reads commit A, writes patch P, runs the tests in workspace W, records verifier evidence V
+and gets approval for exactly hash(P); it is lost before committing. Worker w2 takes the lease,
+replays what was recorded without calling the outside world, needs fresh authority of its own, and
+commits P exactly once. w1's late commit is refused, and committing anything but P is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters import handoff
+from adapters.bootstrap import init_store, open_ledger
+from adapters.clock import ManualClock
+from adapters.eventstore import RunLedger
+from domain.commands import (
+    AcquireLease,
+    GrantApproval,
+    GrantAuthority,
+    OpenRun,
+    RecordEvidence,
+    RecordIntent,
+    RecordObservation,
+    RecordTransition,
+    SealCheckpoint,
+    Submission,
+    Verdict,
+)
+from domain.decide import context_digest
+from domain.events import BlobRef, IntentContext, Placement
+from domain.stages import Stage
+from projections.resumability import ResumabilityClass, classify, summary_of
+
+RUN = "fix-flaky-retry"
+P = "sha256:" + "aa" * 32  # hash of the patch
+W = "sha256:" + "bb" * 32  # the workspace snapshot the tests ran in
+TOOLS = ("git@1", "editor@1", "pytest@1")
+
+
+class Host:
+    """The outside world: it counts every call, so "exactly once" is checkable."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def call(self, op_id: str) -> dict[str, Any]:
+        self.calls.append(op_id)
+        return {"commit": "A"} if op_id == "read" else {"ok": op_id}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunLedger]:
+    url = f"sqlite:///{tmp_path / 'story.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    init_store(url)
+    opened = open_ledger(url, clock=ManualClock())
+    yield opened
+    opened.close()
+
+
+class Worker:
+    def __init__(self, ledger: RunLedger, name: str, host: Host) -> None:
+        self.ledger, self.name, self.host, self.n = ledger, name, host, 0
+        self.epoch = 0
+
+    def submit(self, command: Any, *, epoch: int | None = None) -> Verdict:
+        self.n += 1
+        sid = f"{self.name}-{self.n}"
+        return self.ledger.submit(Submission(sid, RUN, self.name, command, self.epoch if epoch is None else epoch))
+
+    def ok(self, command: Any) -> Verdict:
+        verdict = self.submit(command)
+        assert verdict.verdict == "accepted", verdict
+        return verdict
+
+    def lease(self) -> None:
+        self.ok(AcquireLease(Placement(self.name, model="m", tool_contracts=TOOLS), ttl_ms=60_000))
+        self.epoch = self.ledger.state(RUN).epoch
+
+    def effect(self, op_id: str, tool: str, context: IntentContext) -> None:
+        """Intent, gate, host call, observation: the only way this worker touches the world."""
+        self.ok(RecordIntent(op_id, "effect", tool, context, f"idem-{op_id}"))
+        assert handoff.gate(self.ledger, RUN, self.name, self.epoch, op_id).allowed
+        result = self.host.call(op_id)
+        self.ok(RecordObservation(op_id, context_digest(context), "ok", result=result))
+
+    def move(self, *stages: Stage) -> None:
+        for stage in stages:
+            self.ok(RecordTransition(stage, f"sha256:{stage.lower()}"))
+
+
+def commit_context(proposal: str, grant: str) -> IntentContext:
+    return IntentContext(5, "git_push", effect="write", authorization=grant, state_digest=W, proposal_digest=proposal)
+
+
+def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: RunLedger) -> None:
+    """Given w1 lost before its approved commit, when w2 resumes, then P is committed once, by w2, with
+    w2's own authority; w1's late commit and a commit of P' are refused and store nothing."""
+    host, operator, approver = Host(), Worker(ledger, "operator", Host()), Worker(ledger, "alice", Host())
+    w1, w2 = Worker(ledger, "w1", host), Worker(ledger, "w2", host)
+    w1.ok(OpenRun("rel-1", "coding-agent", 1, BlobRef("sha256:" + "cc" * 32, 10)))
+    w1.lease()
+    operator.ok(GrantAuthority("g1", "cap://git/repo#push", "w1", w1.epoch))
+    w1.effect("read", "git@1", IntentContext(1, "git_show", effect="read", arguments={"rev": "A"}))
+    w1.move(Stage.CANDIDATE_READY)
+    w1.ok(SealCheckpoint("ckpt-candidate", "sha256:candidate"))
+    w1.effect("patch", "editor@1", IntentContext(2, "write_patch", effect="write", proposal_digest=""))
+    w1.move(Stage.VERIFYING)
+    w1.effect("tests", "pytest@1", IntentContext(3, "run_tests", effect="read", state_digest=W))
+    w1.ok(RecordEvidence("V", P, W, "rel-1", "pass"))
+    w1.move(Stage.VERIFIED, Stage.AWAITING_AUTHORITY)
+    approver.ok(GrantApproval("approval-1", P))
+    w1.move(Stage.AUTHORIZED)
+    calls_before_loss = list(host.calls)
+
+    ledger.clock.advance(seconds=61)  # type: ignore[attr-defined]  # w1 is lost: its lease runs out
+    summary = summary_of(ledger.resume_fold(RUN))
+    target = Placement("w2", model="m", tool_contracts=TOOLS)
+    verdict = classify(summary, target, ledger.clock.now())
+    assert verdict.cls is ResumabilityClass.R4 and summary.prefix.length == 2  # patch and tests replay
+    w2.lease()
+    cursor = ledger.replay_cursor(RUN, summary.prefix)
+    for op_id, tool, context in [
+        ("patch", "editor@1", IntentContext(2, "write_patch", effect="write", proposal_digest="")),
+        ("tests", "pytest@1", IntentContext(3, "run_tests", effect="read", state_digest=W)),
+    ]:
+        step = cursor.offer(op_id, "effect", tool, context)
+        assert step is not None and step.result == {"ok": op_id}
+    cursor.require_new_effects_allowed()
+    assert host.calls == calls_before_loss  # the replay called nothing
+
+    inherited = w2.submit(RecordIntent("commit", "effect", "git@1", commit_context(P, "g1"), "idem-commit"))
+    assert (inherited.verdict, inherited.reason) == ("rejected", "authority_missing")  # grants never move
+    operator.ok(GrantAuthority("g2", "cap://git/repo#push", "w2", w2.epoch))
+    w2.move(Stage.COMMITTING)
+    tampered = w2.submit(RecordIntent("commit-p2", "effect", "git@1", commit_context(P[:-2] + "ff", "g2"), "k2"))
+    assert (tampered.verdict, tampered.reason) == ("rejected", "approval_mismatch")
+    head = ledger.state(RUN).version
+    late = w1.submit(RecordIntent("commit", "effect", "git@1", commit_context(P, "g1"), "idem-commit"))
+    assert (late.verdict, late.reason, late.current_epoch) == ("rejected", "stale_epoch", 2)
+    assert not handoff.gate(ledger, RUN, "w1", 1, "commit").allowed
+    assert ledger.state(RUN).version == head  # refusals store nothing
+
+    w2.effect("commit", "git@1", commit_context(P, "g2"))
+    w2.move(Stage.COMMITTED)
+
+    assert host.calls.count("commit") == 1
+    assert [call for call in host.calls if call != "commit"] == calls_before_loss
+    final = ledger.state(RUN)
+    assert (final.stage, final.epoch, final.holder) == (Stage.COMMITTED, 2, "w2")
+    assert ledger.verify(RUN).events == final.version

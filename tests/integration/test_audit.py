@@ -1,0 +1,177 @@
+"""Tampering behind the ledger's back, found by the audit with the right code at the right position.
+
+The attacker has database access: it disables the append-only trigger (PostgreSQL) or drops it
+(SQLite) and edits the events table directly, as in test_tampering.py. Each test runs on both.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
+
+from adapters.cli_audit import audit_store
+from adapters.clock import ManualClock
+from adapters.eventstore import RunLedger
+from adapters.eventstore.mapper import TOPIC_PREFIX
+from domain.budgets import Usage
+from domain.canonical import canonical_bytes
+from domain.chain import seal
+from domain.commands import RecordIntent, RecordObservation, RecordTransition, ReleaseLease, Submission
+from domain.decide import context_digest
+from domain.events import IntentRecorded, RecordedEvent
+from domain.stages import Stage
+from projections.audit import Problem
+
+RUN = "audited"
+OTHER = "bystander"
+
+
+def short_run(ledger: RunLedger, run_id: str = RUN) -> None:
+    """Five valid events: opened, leased, intent, observation, transition."""
+    assert open_run(ledger, run_id).position == 1
+    worker = Submitter(ledger, run_id, "A", prefix=f"{run_id}-A")
+    worker.acquire()
+    command = intent("op-1", kind="effect", n=7)
+    worker.submit(command)
+    worker.submit(RecordObservation("op-1", context_digest(command.context), "ok", result={"x": 1}))
+    assert worker.submit(RecordTransition(Stage.CANDIDATE_READY, "sha256:" + "cd" * 32)).position == 5
+
+
+def tampered(store: RawStore, *statements: str | tuple[str, tuple[object, ...]]) -> None:
+    """Run statements with the append-only triggers out of the way."""
+    if store.backend == "sqlite":
+        drops = [f"DROP TRIGGER IF EXISTS stored_events_no_{verb}" for verb in ("update", "delete")]
+        store.execute(*drops, *statements)
+    else:
+        toggle = "ALTER TABLE batonledger_events {} TRIGGER baton_append_only"
+        store.execute(toggle.format("DISABLE"), *statements, toggle.format("ENABLE"))
+
+
+def set_state(store: RawStore, position: int, state: bytes) -> tuple[str, tuple[object, ...]]:
+    return (
+        f"UPDATE {store.events_table} SET state = ? WHERE originator_id = ? AND originator_version = ?",
+        (state, RUN, position),
+    )
+
+
+def insert(store: RawStore, event: RecordedEvent) -> None:
+    """Insert a row as the recorder would, but without the fence or the run row."""
+    topic = TOPIC_PREFIX + event.type
+    state = msgspec.json.encode(event)
+    if store.backend == "sqlite":
+        statement = "INSERT INTO stored_events (originator_id, originator_version, topic, state) VALUES (?, ?, ?, ?)"
+        store.execute((statement, (event.run_id, event.position, topic, state)))
+    else:
+        (next_id,) = store.query("SELECT COALESCE(MAX(notification_id), 0) + 1 FROM batonledger_events")[0]
+        statement = (
+            "INSERT INTO batonledger_events (originator_id, originator_version, topic, state, notification_id) "
+            "VALUES (?, ?, ?, ?, ?)"
+        )
+        store.execute((statement, (event.run_id, event.position, topic, state, next_id)))
+
+
+def audited(ledgers: LedgerFactory) -> list[Problem]:
+    report = audit_store(ledgers())
+    assert report.runs_checked == 2
+    assert all(p.run_id == RUN for p in report.problems), "the bystander run is untouched"
+    assert report.ok == (not report.problems)
+    return report.problems
+
+
+def first(problems: list[Problem]) -> tuple[int, str]:
+    assert problems, "the audit found nothing"
+    return problems[0].position, problems[0].code
+
+
+def prepared(ledgers: LedgerFactory) -> RunLedger:
+    ledger = ledgers(ManualClock(T0))
+    short_run(ledger)
+    short_run(ledger, OTHER)
+    report = audit_store(ledger)
+    assert (report.ok, report.runs_checked, report.events_checked) == (True, 2, 10)
+    return ledger
+
+
+def test_one_changed_byte_is_a_digest_mismatch_at_its_position(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a valid store, when one byte of event 4 changes (x=1 -> x=2), then digest_mismatch at 4."""
+    prepared(ledgers)
+    original = store.state_bytes(RUN, 4)
+    assert original.count(b'"x":1') == 1
+
+    tampered(store, set_state(store, 4, original.replace(b'"x":1', b'"x":2')))
+
+    assert first(audited(ledgers)) == (4, "digest_mismatch")
+
+
+def test_deleted_events_are_a_gap_or_a_head_mismatch(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a valid store, when event 3 of one run and the last event of another are deleted, then position_gap
+    at 3 in the first, and head_mismatch at 5 in the second (its shorter chain still verifies)."""
+    prepared(ledgers)
+    delete = f"DELETE FROM {store.events_table} WHERE originator_id = ? AND originator_version = ?"
+
+    tampered(store, (delete, (RUN, 3)), (delete, (OTHER, 5)))
+
+    report = audit_store(ledgers())
+    problems = [(p.run_id, p.position, p.code) for p in report.problems]
+    assert [p for p in problems if p[0] == OTHER] == [(OTHER, 5, "head_mismatch")]
+    assert next(p for p in problems if p[0] == RUN) == (RUN, 3, "position_gap")
+
+
+def test_two_swapped_events_are_a_swap_at_the_first(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a valid store, when events 3 and 4 trade places in the table, then position_swap at 3 and nothing else."""
+    prepared(ledgers)
+    third, fourth = store.state_bytes(RUN, 3), store.state_bytes(RUN, 4)
+
+    tampered(store, set_state(store, 3, fourth), set_state(store, 4, third))
+
+    assert [(p.position, p.code) for p in audited(ledgers)] == [(3, "position_swap")]
+
+
+def test_a_forged_suffix_rechained_without_the_original_predecessor(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given events 4-5 replaced by a consistent forged chain on a made-up predecessor, then broken_link at 4."""
+    ledger = prepared(ledgers)
+    log = list(ledger.history(RUN))
+    body = msgspec.structs.replace(log[3].body, result={"x": 99})
+    submission = Submission("forged", RUN, "A", ReleaseLease(), 1)
+    forged = seal(RUN, 3, "sha256:" + "f" * 64, submission, 1, [body, log[4].body], T0)
+
+    tampered(store, *(set_state(store, event.position, msgspec.json.encode(event)) for event in forged))
+
+    problems = audited(ledgers)
+    assert first(problems) == (4, "broken_link")
+    assert (5, "head_mismatch") in {(p.position, p.code) for p in problems}
+
+
+def test_an_event_from_a_stale_epoch_inserted_directly(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given B took epoch 2 from A, when A's epoch-1 intent is inserted (correctly chained) past the fence, then
+    stale_epoch at that position, and the run row does not know it."""
+    clock = ManualClock(T0)
+    ledger = ledgers(clock)
+    short_run(ledger)
+    short_run(ledger, OTHER)
+    clock.advance(seconds=3600)
+    assert Submitter(ledger, RUN, "B").acquire().verdict == "accepted"  # LeaseExpired + LeaseGranted: 6, 7
+    head = ledger.state(RUN)
+    late = intent("late", kind="effect")
+    submission = Submission("a-late", RUN, "A", late, 1)
+    (stale,) = seal(RUN, head.version, head.head_digest, submission, 1, [intent_recorded(late)], clock.now())
+
+    insert(store, stale)
+
+    problems = audited(ledgers)
+    assert first(problems) == (8, "stale_epoch")
+    assert {(p.position, p.code) for p in problems} == {(8, "stale_epoch"), (8, "head_mismatch")}
+
+
+def intent_recorded(command: RecordIntent) -> IntentRecorded:
+    """The IntentRecorded ``decide`` would make for ``command`` (charge: one call plus the argument bytes)."""
+    size = len(canonical_bytes(command.context.arguments, opaque=True)) - 1
+    return IntentRecorded(
+        command.op_id,
+        command.kind,
+        command.tool_contract,
+        command.context,
+        context_digest(command.context),
+        command.idempotency_key,
+        Usage(calls=1, argument_bytes=size),
+    )

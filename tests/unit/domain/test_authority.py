@@ -1,0 +1,129 @@
+"""Given a run, when authority, approvals and evidence are recorded, then effects need exactly what
+binds them, and the gateway answers only for the live epoch (domain/authority.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.authority import gate
+from domain.commands import (
+    AcquireLease,
+    DenyApproval,
+    GrantApproval,
+    GrantAuthority,
+    RecordEvidence,
+    RecordIntent,
+    RevokeAuthority,
+)
+from domain.events import AuthorityGranted, IntentContext
+
+from .given import W1, W2, History, given, intent, placement, seconds
+
+OPERATOR = "operator"
+P = "sha256:" + "aa" * 32
+WORKSPACE = "sha256:" + "bb" * 32
+
+
+def committing(proposal: str = P, grant: str = "", workspace: str = WORKSPACE) -> RecordIntent:
+    context = IntentContext(9, "git_push", "write", grant, workspace, proposal)
+    return RecordIntent("commit", "effect", "git@1", context, "idem-commit")
+
+
+def approved() -> History:
+    """W1 holds epoch 1; P has passing evidence in WORKSPACE under release rel-1 and an approval."""
+    history = given().opened().leased(W1)
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"))
+    history.record(GrantApproval("a-1", P), worker=OPERATOR)
+    return history
+
+
+def test_a_grant_binds_the_live_lease_and_comes_from_someone_else() -> None:
+    """An operator grants W1 at epoch 1 a capability reference; W1 cannot grant itself; epoch 0 is stale."""
+    history = given().opened().leased(W1)
+
+    assert history.when(GrantAuthority("g1", "cap://git#push", W1, 1), worker=OPERATOR) == [
+        AuthorityGranted("g1", "cap://git#push", W1, 1, OPERATOR, None)
+    ]
+    assert history.rejects(GrantAuthority("g1", "cap://git#push", W1, 1)).reason == "self_authorization"
+    assert history.rejects(GrantAuthority("g1", "cap://git#push", W1, 0), worker=OPERATOR).reason == "stale_epoch"
+
+
+def test_an_effect_naming_a_grant_needs_it_live_for_the_submitter_at_this_epoch() -> None:
+    """Grants die with their epoch: after a takeover the new holder needs its own."""
+    history = given().opened().leased(W1)
+    history.record(GrantAuthority("g1", "cap://deploy", W1, 1), worker=OPERATOR)
+    deploy = RecordIntent("d", "effect", "deploy@1", IntentContext(1, "deploy", authorization="g1"), "k")
+    assert history.when(deploy)  # accepted while the grant is live
+
+    history.advance(seconds(31)).record(AcquireLease(placement(W2)), worker=W2)
+
+    assert history.state.grants == {}
+    assert history.rejects(deploy, worker=W2).reason == "authority_missing"
+
+
+def test_revoked_grant_no_longer_authorizes() -> None:
+    """Revoking a grant takes effect for the next intent."""
+    history = given().opened().leased(W1)
+    history.record(GrantAuthority("g1", "cap://deploy", W1, 1), worker=OPERATOR)
+    history.record(RevokeAuthority("g1", "rotated"), worker=OPERATOR)
+    deploy = RecordIntent("d", "effect", "deploy@1", IntentContext(1, "deploy", authorization="g1"), "k")
+
+    assert history.rejects(deploy).reason == "authority_missing"
+
+
+def test_committing_the_approved_artifact_is_accepted_and_any_other_is_refused() -> None:
+    """An approval for P authorizes P only; the refusal names what is approved."""
+    history = approved()
+
+    assert history.when(committing(P))
+    refusal = history.rejects(committing("sha256:" + "cc" * 32))
+    assert refusal.reason == "approval_mismatch" and P in refusal.message
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [("workspace", "reverification_required"), ("denied", "approval_mismatch"), ("own approval", "self_authorization")],
+)
+def test_a_changed_binding_needs_verifying_or_approving_again(change: str, reason: str) -> None:
+    """Evidence binds the workspace snapshot; a denial withdraws the approval; nobody approves their own work."""
+    history = approved()
+    if change == "workspace":
+        assert history.rejects(committing(workspace="sha256:" + "dd" * 32)).reason == reason
+    elif change == "denied":
+        history.record(DenyApproval("a-2", P, "found a bug"), worker=OPERATOR)
+        assert history.rejects(committing()).reason == reason
+    else:
+        assert history.rejects(GrantApproval("a-3", P)).reason == reason
+
+
+def test_evidence_from_another_release_requires_reverification() -> None:
+    """Evidence that ran under another release does not vouch for this run's release."""
+    history = given().opened().leased(W1)
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-0", "pass"))
+    history.record(GrantApproval("a-1", P), worker=OPERATOR)
+
+    assert history.rejects(committing()).reason == "reverification_required"
+
+
+def test_credential_material_in_any_submission_is_refused_and_nothing_changes() -> None:
+    """A bearer token or a secret-named key anywhere in a command is credential_in_payload."""
+    history = given().opened().leased(W1)
+
+    leaked = intent("op-1", arguments={"headers": {"Authorization": "Bearer abcdefghijklmnopqrstuvwxyz0123456789"}})
+    assert history.rejects(leaked).reason == "credential_in_payload"
+    assert history.rejects(intent("op-2", arguments={"aws_secret_access_key": "x"})).reason == "credential_in_payload"
+
+
+def test_gate_allows_only_the_live_epoch_with_an_open_intent_and_live_authority() -> None:
+    """The mutation gateway: yes for the holder's open intent; no for stale epochs, unknown or settled ops."""
+    history = given().opened().leased(W1)
+    history.record(GrantAuthority("g1", "cap://deploy", W1, 1), worker=OPERATOR)
+    history.record(RecordIntent("d", "effect", "deploy@1", IntentContext(1, "deploy", authorization="g1"), "k"))
+
+    assert gate(history.state, W1, 1, "d", history.now).allowed
+    assert gate(history.state, W1, 0, "d", history.now).reason == "stale_epoch"
+    assert gate(history.state, W1, 1, "nope", history.now).reason == "unknown_operation"
+    history.record(RevokeAuthority("g1", "rotated"), worker=OPERATOR)
+    assert gate(history.state, W1, 1, "d", history.now).reason == "authority_missing"
+    history.advance(seconds(31))
+    assert gate(history.state, W1, 1, "d", history.now).reason == "lease_expired"

@@ -1,0 +1,289 @@
+"""The audit fold: valid histories audit clean; each kind of damage is named by its code at its position."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given as hypothesis_given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from domain.budgets import Ceilings, Usage
+from domain.canonical import canonical_bytes
+from domain.chain import seal, verify_chain
+from domain.commands import ReleaseLease, Submission
+from domain.decide import context_digest
+from domain.errors import ChainBroken
+from domain.events import (
+    Event,
+    IntentReconciled,
+    IntentRecorded,
+    LeaseGranted,
+    ObservationRecorded,
+    RecordedEvent,
+    RunCompleted,
+    TransitionRecorded,
+)
+from domain.stages import Stage
+from projections.audit import CODES, AuditFold, Problem, audit_events, audit_stored
+
+from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, placement, seconds
+from .histories import histories
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "audit.md"
+
+
+def stored(log: list[RecordedEvent]) -> list[bytes]:
+    return [msgspec.json.encode(event) for event in log]
+
+
+def found(problems: list[Problem]) -> set[tuple[int, str]]:
+    assert all(p.code in CODES for p in problems), problems
+    return {(p.position, p.code) for p in problems}
+
+
+def forge(history: History, body: Event, *, worker: str = W1, epoch: int | None = None, now: int | None = None) -> None:
+    """Append ``body`` sealed onto the log (a valid chain), bypassing ``decide``: what a rogue writer stores."""
+    state = history.state
+    last = history.log[-1]
+    submission = Submission(f"forged-{len(history.log)}", RUN, worker, ReleaseLease(), 0)
+    epoch = state.epoch if epoch is None else epoch
+    (event,) = seal(RUN, last.position, last.digest, submission, epoch, [body], now or history.now)
+    history.log.append(event)
+
+
+def leased() -> History:
+    return given().opened().leased(W1)
+
+
+def intent_body(op_id: str, *, charge: Usage | None = None, kind: str = "effect") -> IntentRecorded:
+    ctx = context(op_id)
+    return IntentRecorded(op_id, kind, "tool@1", ctx, context_digest(ctx), f"idem-{op_id}", charge or Usage(calls=1))  # type: ignore[arg-type]
+
+
+# -- valid histories ----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@hypothesis_given(histories(max_steps=60))
+def test_valid_histories_audit_clean_as_events_stored_bytes_and_canonical_lines(log: list[RecordedEvent]) -> None:
+    """Given any history decide accepted, when audited from envelopes, stored bytes or export lines, then no problem."""
+    anchor = (log[-1].position, log[-1].digest)
+    assert audit_events(RUN, log, anchor) == []
+    assert audit_stored(RUN, stored(log), anchor) == []
+    assert audit_stored(RUN, [canonical_bytes(msgspec.to_builtins(e)) for e in log], anchor) == []
+
+
+@settings(max_examples=60, deadline=None)
+@hypothesis_given(histories(min_steps=3, max_steps=30), st.data())
+def test_an_altered_field_is_found_where_verify_chain_breaks(log: list[RecordedEvent], data: st.DataObject) -> None:
+    """Given a valid history with one envelope field altered, when audited, then the first problem is verify_chain's."""
+    raw = stored(log)
+    index = data.draw(st.integers(0, len(raw) - 1), label="index")
+    envelope = msgspec.json.decode(raw[index])
+    name = data.draw(st.sampled_from(["epoch", "worker", "recorded_at", "prev_digest", "submission_id"]), label="field")
+    envelope[name] = altered(envelope[name])
+    raw[index] = msgspec.json.encode(envelope)
+    with pytest.raises(ChainBroken) as broken:
+        verify_chain(raw, run_id=RUN)
+
+    problems = audit_stored(RUN, raw)
+
+    assert problems[0].position == broken.value.position == index + 1
+    assert problems[0].code in {"digest_mismatch", "broken_link"}
+
+
+def test_memory_holds_only_open_intents() -> None:
+    """Given 1,000 settled operations and one open one, when folded, then the fold keeps one operation."""
+    history = leased()
+    for i in range(1000):
+        history.intended(f"op-{i}", kind="pure").observed(f"op-{i}")
+    history.intended("open", kind="pure")
+    fold = AuditFold(RUN)
+    for event in history.log:
+        fold.apply(event)
+    assert fold.finish() == []
+    assert list(fold.state.operations) == ["open"]
+
+
+# -- the chain ----------------------------------------------------------------------------------
+
+
+def five() -> list[RecordedEvent]:
+    """Opened, leased, intent, observation, transition: positions 1..5."""
+    history = leased().intended("op-1").observed("op-1")
+    history.moved_to(Stage.CANDIDATE_READY)
+    assert len(history.log) == 5
+    return history.log
+
+
+def test_altered_bytes_are_a_digest_mismatch_there() -> None:
+    """Given one stored value changed, when audited, then digest_mismatch at its position and nothing before."""
+    raw = stored(five())
+    raw[3] = raw[3].replace(b'"outcome":"ok"', b'"outcome":"failed"')
+    problems = audit_stored(RUN, raw)
+    assert problems[0] == Problem(RUN, 4, "digest_mismatch", problems[0].detail)
+
+
+def test_gap_swap_duplicate_and_out_of_order_positions() -> None:
+    """Given events deleted, swapped, repeated or moved back, when audited, then each has its own code and position."""
+    raw = stored(five())
+    assert found(audit_stored(RUN, [raw[0], raw[1], raw[3], raw[4]])) >= {(3, "position_gap")}
+    swapped = audit_stored(RUN, [raw[0], raw[1], raw[3], raw[2], raw[4]])
+    assert [(p.position, p.code) for p in swapped] == [(3, "position_swap")]  # re-ordered, the rest holds
+    assert (3, "position_duplicate") in found(audit_stored(RUN, [*raw[:3], raw[2], *raw[3:]]))
+    assert (2, "position_out_of_order") in found(audit_stored(RUN, [*raw, raw[1]]))
+    assert found(audit_stored(RUN, raw[:4])) == set()  # a cut-off tail needs the anchor ...
+    assert found(audit_stored(RUN, raw[:4], anchor=(5, five()[-1].digest))) == {(5, "head_mismatch")}
+
+
+def test_a_resealed_suffix_without_the_original_predecessor_breaks_the_link() -> None:
+    """Given positions 4-5 forged and chained onto a made-up predecessor digest, then broken_link at 4."""
+    log = five()
+    body = msgspec.structs.replace(log[3].body, result={"forged": True})
+    submission = Submission("forged", RUN, W1, ReleaseLease(), 1)
+    forged = seal(RUN, 3, "sha256:" + "f" * 64, submission, 1, [body, log[4].body], log[3].recorded_at)
+    problems = audit_events(RUN, [*log[:3], *forged], anchor=(5, log[-1].digest))
+    assert found(problems) == {(4, "broken_link"), (5, "head_mismatch")}
+
+
+def test_undecodable_and_wrong_run_events() -> None:
+    """Given bytes that are not an envelope, or an envelope of another run, then undecodable / wrong_run."""
+    raw = stored(five())
+    assert (3, "undecodable") in found(audit_stored(RUN, [raw[0], raw[1], b"{not json", raw[3], raw[4]]))
+    other = msgspec.json.decode(raw[2])
+    other["run_id"] = "other"
+    assert (3, "wrong_run") in found(audit_stored(RUN, [raw[0], raw[1], msgspec.json.encode(other)]))
+
+
+# -- ownership ----------------------------------------------------------------------------------
+
+
+def taken_over() -> History:
+    """W1 held epoch 1; its lease expired and W2 took epoch 2."""
+    return leased().advance(seconds(31)).leased(W2)
+
+
+def test_an_event_from_a_stale_epoch_is_found() -> None:
+    """Given W2 at epoch 2, when W1 appends at epoch 1 behind the fence's back, then stale_epoch there."""
+    history = taken_over()
+    forge(history, intent_body("late"), worker=W1, epoch=1)
+    assert found(audit_events(RUN, history.log)) == {(len(history.log), "stale_epoch")}
+
+
+def test_fenced_events_need_the_live_lease_of_their_epoch() -> None:
+    """A stranger at the current epoch, anyone without a lease, or after expiry: not_lease_holder / lease_expired."""
+    history = leased()
+    forge(history, intent_body("x"), worker=W3)
+    assert found(audit_events(RUN, history.log)) == {(3, "not_lease_holder")}
+    history = given().opened()
+    forge(history, intent_body("x"), worker=W1, epoch=0)
+    assert found(audit_events(RUN, history.log)) == {(2, "not_lease_holder")}
+    history = leased().advance(seconds(31))
+    forge(history, intent_body("x"))
+    assert found(audit_events(RUN, history.log)) == {(3, "lease_expired")}
+
+
+def test_a_lease_must_advance_the_epoch_and_not_overlap() -> None:
+    """Given a live lease, when another grant of the same epoch is forged, then lease_held and epoch_not_increasing."""
+    history = leased()
+    forge(history, LeaseGranted(W2, 1, placement(W2), history.now + seconds(30)), worker=W2, epoch=1)
+    assert found(audit_events(RUN, history.log)) == {(3, "lease_held"), (3, "epoch_not_increasing")}
+
+
+# -- operations, budgets, stages, the end ---------------------------------------------------------
+
+
+def test_outcomes_must_answer_an_open_intent_with_its_context() -> None:
+    """Observations without an intent, with another context, or settling twice: unknown_operation / context_mismatch."""
+    history = leased().intended("op-1")
+    forge(history, ObservationRecorded("op-1", "sha256:other", "ok", Usage()))
+    forge(history, IntentReconciled("op-1", "applied", "log"))
+    forge(history, ObservationRecorded("ghost", "sha256:x", "ok", Usage()))
+    assert found(audit_events(RUN, history.log)) == {
+        (4, "context_mismatch"),
+        (5, "unknown_operation"),
+        (6, "unknown_operation"),
+    }
+
+
+def test_an_earlier_epochs_intent_is_reconciled_not_observed() -> None:
+    """Given an intent of epoch 1, when W2 at epoch 2 observes it, then reconciliation_required; new effects wait."""
+    history = leased().intended("op-1").advance(seconds(31)).leased(W2)
+    ctx_digest = context_digest(context("op-1"))
+    forge(history, intent_body("op-2"), worker=W2)
+    forge(history, ObservationRecorded("op-1", ctx_digest, "ok", Usage()), worker=W2)
+    problems = found(audit_events(RUN, history.log))
+    assert problems == {(6, "uncertain_intent"), (7, "reconciliation_required")}
+
+
+def test_duplicate_intents_and_a_context_digest_that_is_not_the_contexts() -> None:
+    """Given an intent reusing an open op id, or quoting a wrong context digest, then their codes."""
+    history = leased().intended("op-1")
+    forge(history, intent_body("op-1"))
+    forge(history, msgspec.structs.replace(intent_body("op-2"), context_digest="sha256:made-up"))
+    assert found(audit_events(RUN, history.log)) == {(4, "duplicate_operation"), (5, "context_digest_mismatch")}
+
+
+def test_budgets_never_decrease_and_never_pass_a_ceiling() -> None:
+    """Given a ceiling of 2 calls, when 3 intents and a negative charge are forged, then the budget codes."""
+    history = given().opened(Ceilings(calls=2)).leased(W1).intended("op-1", kind="pure")
+    forge(history, intent_body("op-2", kind="pure"))
+    forge(history, intent_body("op-3", kind="pure"))
+    forge(history, intent_body("op-4", kind="pure", charge=Usage(calls=-1)))
+    forge(history, intent_body("op-5", kind="pure"))
+    assert found(audit_events(RUN, history.log)) == {(5, "budget_exceeded"), (6, "budget_decreased")}
+
+
+def test_stages_move_legally_and_nothing_follows_the_end() -> None:
+    """Given a skipped stage, a completion while COMMITTING and an event after it, then their codes."""
+    history = leased()
+    forge(history, TransitionRecorded(Stage.GENERATING, Stage.VERIFIED, "sha256:s", Usage(stages=1)))
+    history2 = leased().moved_to(Stage.COMMITTING)
+    forge(history2, RunCompleted("done"))
+    forge(history2, intent_body("after"))
+    assert found(audit_events(RUN, history.log)) == {(3, "illegal_transition")}
+    end = len(history2.log)
+    assert found(audit_events(RUN, history2.log)) == {
+        (end - 1, "illegal_transition"),
+        (end, "after_terminal"),
+        (end, "not_lease_holder"),
+    }
+
+
+def test_problems_are_capped_per_run() -> None:
+    """Given many damaged events, when audited with max_problems=3, then 3 problems and too_many_problems."""
+    raw = [r.replace(b'"recorded_at":', b'"recorded_at":1') for r in stored(five())]
+    fold = AuditFold(RUN, max_problems=3)
+    for data in raw:
+        fold.apply_stored(data)
+    problems = fold.finish()
+    assert [p.code for p in problems][-1] == "too_many_problems"
+    assert len(problems) == 4
+
+
+def test_extra_rules_plug_in_per_event_type() -> None:
+    """Given a rule registered for a body type, when audited, then its problem is reported at that event."""
+    from projections.audit import RULES, AuditState
+
+    def no_pure(state: AuditState, event: RecordedEvent) -> None:
+        body: Any = event.body
+        if body.kind == "pure":
+            state.report("context_mismatch", "no pure intents here")
+
+    rules = {**RULES, IntentRecorded: (*RULES[IntentRecorded], no_pure)}
+    fold = AuditFold(RUN, rules=rules)
+    for event in leased().intended("op-1", kind="pure").log:
+        fold.apply(event)
+    assert found(fold.finish()) == {(3, "context_mismatch")}
+
+
+def test_every_code_is_documented() -> None:
+    """Every stable code appears in docs/audit.md, and the doc names no code that does not exist."""
+    text = DOCS.read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE))
+    assert documented == set(CODES)
