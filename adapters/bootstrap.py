@@ -8,7 +8,7 @@ from eventsourcing.utils import Environment
 from adapters.clock import Clock
 from adapters.eventstore import RunLedger
 from adapters.settings import StoreSettings
-from adapters.views import PostgresViews, SQLiteViews, ViewRunner
+from adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
 
 __all__ = ["init_store", "open_ledger", "open_views"]
 
@@ -34,7 +34,7 @@ def init_store(url: str | None = None) -> StoreSettings:
     return settings
 
 
-def open_views(url: str | None = None, *, batch_size: int = 1000) -> ViewRunner:
+def open_views(url: str | None = None, *, batch_size: int = DEFAULT_BATCH) -> ViewRunner:
     """The view runner on the store's own database: the ledger's log in, view tables out.
 
     Creates the view tables if missing (idempotent; start one runner first if several start at

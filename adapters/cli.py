@@ -24,7 +24,7 @@ from adapters.cli_audit import add_audit_parsers
 from adapters.cli_handoff import add_handoff_parsers
 from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
-from adapters.views import CatchUp, ProgressLine, ViewRunner
+from adapters.views import DEFAULT_BATCH, CatchUp, ProgressLine, ViewRunner
 from adapters.wire import decode_submission
 from domain.budgets import COUNTERS
 from domain.canonical import short
@@ -342,12 +342,12 @@ def _add_views_parser(sub: Any, store: argparse.ArgumentParser) -> None:
     views = sub.add_parser("views", help="materialised views for analysts (docs/analytics.md)")
     views_cmd = views.add_subparsers(dest="action", required=True)
     catch_up = views_cmd.add_parser("catch-up", parents=[store], help="fold new events into the views")
-    catch_up.add_argument("--batch-size", type=_positive, default=1000, help="events per transaction")
+    catch_up.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH, help="events per transaction")
     catch_up.add_argument("--follow", action="store_true", help="keep polling for new events until Ctrl-C")
     catch_up.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
     catch_up.set_defaults(func=cmd_views_catch_up)
     rebuild = views_cmd.add_parser("rebuild", parents=[store], help="rebuild the views under new names, then swap")
-    rebuild.add_argument("--batch-size", type=_positive, default=1000, help="events per transaction")
+    rebuild.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH, help="events per transaction")
     rebuild.set_defaults(func=cmd_views_rebuild)
 
 

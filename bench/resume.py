@@ -20,7 +20,7 @@ a) **resume without snapshots**: on a fresh ledger (``open_ledger``; its connect
 b) **resume from a snapshot**: the first ``resume_fold(snapshots=True)`` folds everything and
    writes a snapshot at the head (timed once, as "priming"); then the same resume as (a) with
    ``snapshots=True`` from the head snapshot, the same including ``open_ledger`` and the pool's
-   connect ("cold"), and again after 300 more events are appended behind the snapshot (fewer than
+   connect ("cold"), and again after SNAPSHOT_EVERY - 2 more events are appended behind the snapshot (fewer than
    ``SNAPSHOT_EVERY``, so no new snapshot is written while measuring);
 c) **memory of one resume**, each in a fresh interpreter (subprocess): growth of the peak RSS over
    the RSS before the resume, the RSS still held afterwards (the fold alive), and tracemalloc's
@@ -93,7 +93,7 @@ from projections.resumability import summary_of  # noqa: E402
 MiB = 1024 * 1024
 TTL_MS = 24 * 3600 * 1000  # the longest lease decide() allows: no lease expires during a run
 BATCH = 1000  # submissions per submit_many (500 intent + observation pairs)
-TAIL = 300  # events appended behind the head snapshot for the "snapshot + tail" rows
+TAIL = SNAPSHOT_EVERY - 2  # the most events (pairs) a resume can find behind its latest snapshot
 ITERSIZE = 1000
 GOAL_RATIO = 2.0  # resume without snapshots <= 2x raw
 GOAL_SNAPSHOT_MS = 10.0  # resume with a snapshot: p50 <= 10 ms at any length
@@ -638,7 +638,7 @@ def measure_views(store: Store, plan: Plan, raw: Raw) -> Views:
             raise OverBudget
 
     try:
-        runner = open_views(store.url, batch_size=1000)
+        runner = open_views(store.url)  # the production default batch size
     except Exception as exc:  # another engineer's work in progress: report, do not fail the bench
         result.note = f"skipped: open_views failed ({type(exc).__name__}: {exc})"
         return result

@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 import msgspec
 
 from domain import errors
@@ -31,11 +34,28 @@ from domain.events import (
     EvidenceRecorded,
     IntentContext,
 )
-from domain.state import RunState
+from domain.state import Approval, Evidence, Grant, RunState
 
-__all__ = ["GateDecision", "approve", "deny", "gate", "grant", "record_evidence", "require_authority", "revoke"]
+__all__ = [
+    "AuthorityView",
+    "GateDecision", "approve", "deny", "gate", "grant", "record_evidence", "require_authority", "revoke"]
 
 MAX_GRANT_TTL_MS = 7 * 24 * 3_600_000
+
+
+class AuthorityView(Protocol):
+    """What ``require_authority`` reads: the write side's ``RunState``, or the auditor's fold state."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def release_id(self) -> str: ...
+    @property
+    def grants(self) -> Mapping[str, Grant]: ...
+    @property
+    def approvals(self) -> Mapping[str, Approval]: ...
+    @property
+    def evidence(self) -> Mapping[str, Evidence]: ...
 
 
 class GateDecision(msgspec.Struct, frozen=True):
@@ -100,7 +120,7 @@ def deny(state: RunState, submission: Submission, command: DenyApproval) -> Appr
     return ApprovalDenied(command.approval_id, command.artifact_digest, submission.worker, command.reason)
 
 
-def require_authority(state: RunState, worker: str, context: IntentContext, now: int) -> None:
+def require_authority(state: AuthorityView, worker: str, context: IntentContext, now: int) -> None:
     """What an effect intent needs: a live grant it names, and for a proposal, approval and evidence."""
     if context.authorization:
         live = state.grants.get(context.authorization)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
 __all__ = ["MAX_DEPTH", "MAX_NODES", "NAMES", "find_credential"]
 
 MAX_DEPTH = 64
@@ -73,8 +75,53 @@ _NEEDS_RANDOMNESS = frozenset({"sk", "bearer"})
 _MAX_PATH_SEGMENT = 40
 
 
+# Every secret format above contains one of these fragments (case-insensitively), and every
+# credential-named key one of the name fragments, so a value whose lowercased JSON text holds none
+# of them is clean: a few C-speed substring scans decide most submissions, and only a suspect one
+# is walked (to say what was found, and where). Python's regex engine is far slower at this.
+_FORMAT_FRAGMENTS = (
+    "private key", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "sk-",
+    "aiza", "bearer", "eyj", "://",
+)  # fmt: skip
+_SUSPECT = tuple(f.encode() for f in _FORMAT_FRAGMENTS)
+_NAMES_AND_AUTHORIZATION = (*NAMES, "authorization")
+_encoder = msgspec.json.Encoder()
+
+
 def find_credential(value: Any) -> str | None:
     """A short description of the first credential found in ``value`` (never the secret), or None."""
+    try:
+        text = _encoder.encode(value).lower()
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return _walk(value)  # not JSON-shaped (or too deep to encode): walk it
+    containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
+    if len(text) >= 2 * MAX_NODES or containers >= MAX_DEPTH:
+        return _walk(value)  # possibly past a bound: the walk fails closed there
+    if any(fragment in text for fragment in _SUSPECT) or _suspect_key(value):
+        return _walk(value)
+    return None
+
+
+def _suspect_key(value: Any) -> bool:
+    """Whether any object key names a credential (an empty ``authorization`` is a reference slot, not one)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                name = str(key).lower()
+                if "-" in name or "_" in name or "." in name or " " in name:
+                    name = _SEPARATORS.sub("", name)
+                if name.endswith(_NAMES_AND_AUTHORIZATION) and child not in ("", None):
+                    return True
+                if isinstance(child, dict | list | tuple):
+                    stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(child for child in item if isinstance(child, dict | list | tuple))
+    return False
+
+
+def _walk(value: Any) -> str | None:
     stack: list[tuple[str, Any, int]] = [("$", value, 0)]
     nodes = 0
     while stack:
@@ -125,6 +172,9 @@ def _is_credential_key(name: str, value: Any) -> bool:
 
 
 def _format_in(text: str) -> str | None:
+    lowered = text.lower()
+    if not any(fragment in lowered for fragment in _FORMAT_FRAGMENTS):
+        return None
     for match in _FORMATS.finditer(text):
         kind = match.lastgroup or ""
         if kind not in _NEEDS_RANDOMNESS or _looks_random(match.group()):

@@ -5,27 +5,38 @@ restored backup, someone with database access) and checks the stored log itself:
 (each digest with ``domain.chain.envelope_digest``, each link, contiguous positions), then, per
 event, the rules ``decide`` enforces on the way in: fencing (epoch and lease holder), operations
 (every outcome answers an open intent of the same run with the same context digest), budgets
-(charges never negative, no ceiling passed), stages, and nothing after a terminal event.
+(charges never negative, no ceiling passed), stages, nothing after a terminal event, handoffs
+(exactly the prepared document accepted, once, before any work) and authority (grants, approvals
+and evidence bound to the live lease and to exactly the artifact an effect commits).
 
 Each problem has a stable ``code`` (``CODES``; docs/audit.md). Checks of an event are small rules
-looked up by its body's type (``RULES``): a new event type plugs in with its own rules. The fold
-streams: its memory is constant per run apart from the open intents (and at most ``max_problems``
-problems), so a run of any length can be audited.
+looked up by its body's type (``RULES``): a new event type plugs in with its own rules. The rules
+live in ``projections.audit_rules`` (the run's life, fencing, operations, budgets, stages),
+``projections.audit_handoff`` and ``projections.audit_authority``; what they remember is
+``projections.audit_state.AuditState``. The fold streams: its memory is constant per run apart
+from the open intents and a few small maps (approvals and evidence per artifact), plus at most
+``max_problems`` problems, so a run of any length can be audited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 
-from domain.budgets import COUNTERS, MAX_COUNTER, Usage
 from domain.canonical import ZERO_DIGEST
 from domain.chain import envelope_digest
-from domain.decide import context_digest
 from domain.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    AuthorityGranted,
+    AuthorityRevoked,
     CheckpointSealed,
+    EvidenceRecorded,
+    HandoffAborted,
+    HandoffAccepted,
+    HandoffPrepared,
     IntentReconciled,
     IntentRecorded,
     LeaseExpired,
@@ -40,317 +51,40 @@ from domain.events import (
     StageReserved,
     TransitionRecorded,
 )
-from domain.stages import Stage, is_legal
+from projections import audit_authority as authority
+from projections import audit_handoff as handoff
+from projections import audit_rules as run
+from projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
 
-CODES: dict[str, str] = {
-    # the chain and the envelope
-    "undecodable": "the stored bytes are not an envelope of a known event",
-    "digest_mismatch": "an event's digest does not match its content (altered bytes)",
-    "broken_link": "an event's prev_digest is not the digest of the position before it",
-    "position_gap": "positions are missing (deleted events)",
-    "position_duplicate": "a position occurs twice",
-    "position_swap": "two adjacent events are stored in each other's place",
-    "position_out_of_order": "a position lower than one already read",
-    "wrong_run": "the envelope names another run",
-    "head_mismatch": "the log's head differs from the run row (cut-off tail, or rows added behind the ledger)",
-    # the run's life
-    "not_opened": "an event before RunOpened",
-    "duplicate_open": "RunOpened again",
-    "after_terminal": "an event after RunCompleted or RunFailed",
-    # ownership
-    "stale_epoch": "an event from an epoch below the run's current epoch",
-    "not_lease_holder": "a fenced event from a worker that did not hold the lease at its epoch",
-    "lease_expired": "a fenced event recorded at or after its lease's expiry",
-    "lease_held": "a lease granted while another lease was live",
-    "epoch_not_increasing": "a lease grant that does not advance the epoch, or an envelope epoch that differs",
-    "lease_mismatch": "a lease renewal, release or expiry that does not name the current lease",
-    "premature_expiry": "a lease recorded as expired before its expiry time",
-    # operations
-    "duplicate_operation": "an intent for an operation that already has an open intent",
-    "context_digest_mismatch": "an intent's context_digest is not the digest of its context",
-    "unknown_operation": "an observation or reconciliation without an open intent in this run",
-    "context_mismatch": "an observation quoting a context digest its intent did not record",
-    "reconciliation_required": "an observation of an intent from an earlier epoch (only reconciliation may settle it)",
-    "uncertain_intent": "a new effect, seal or completion while intents were uncertain",
-    # stages and budgets
-    "illegal_transition": "a stage move decide refuses (or completing while COMMITTING)",
-    "stage_mismatch": "a transition or checkpoint that names a stage the run was not in",
-    "budget_decreased": "a negative charge: usage went down",
-    "budget_exceeded": "usage passed a ceiling",
-    "counter_overflow": "usage passed 2^63-1",
-    "too_many_problems": "reporting stopped for this run; more problems may follow",
-}
+ENVELOPE_RULES: tuple[Rule, ...] = (run.lifecycle,)
 
-
-class Problem(msgspec.Struct, frozen=True):
-    run_id: str
-    position: int
-    code: str
-    detail: str
-
-
-class _Op(NamedTuple):
-    kind: str
-    context_digest: str
-    epoch: int
-    position: int
-
-
-class _Lease(NamedTuple):
-    worker: str
-    epoch: int
-    expires_at: int
-
-
-class AuditState:
-    """What the rules know about the run before the event at ``position``; they keep it current."""
-
-    __slots__ = (
-        "dropped",
-        "epoch",
-        "exceeded",
-        "lease",
-        "limit",
-        "limits",
-        "open_by_epoch",
-        "opened",
-        "operations",
-        "position",
-        "problems",
-        "run_id",
-        "stage",
-        "terminal",
-        "usage",
-    )
-
-    def __init__(self, run_id: str, limit: int = 1000) -> None:
-        self.run_id = run_id
-        self.limit = limit
-        self.dropped = 0
-        self.position = 0
-        self.opened = False
-        self.terminal: int | None = None
-        self.stage = Stage.GENERATING
-        self.epoch = 0
-        self.lease: _Lease | None = None
-        self.usage = [0] * len(COUNTERS)
-        self.limits: tuple[tuple[int, int], ...] = ()  # (counter index, ceiling)
-        self.exceeded: set[int] = set()
-        self.operations: dict[str, _Op] = {}  # open intents only: a settled one is forgotten
-        self.open_by_epoch: dict[int, int] = {}
-        self.problems: list[Problem] = []
-
-    def report(self, code: str, detail: str, position: int | None = None) -> None:
-        if len(self.problems) >= self.limit:
-            self.dropped += 1
-            return
-        self.problems.append(Problem(self.run_id, self.position if position is None else position, code, detail))
-
-
-Rule = Callable[[AuditState, RecordedEvent], None]
-
-
-# -- rules for every event ----------------------------------------------------------------------
-
-
-def _lifecycle(s: AuditState, e: RecordedEvent) -> None:
-    if s.terminal is not None:
-        s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
-    if not s.opened and not isinstance(e.body, RunOpened):
-        s.report("not_opened", f"{e.type} before RunOpened")
-    if e.epoch < s.epoch:
-        s.report("stale_epoch", f"{e.type} from {e.worker!r} at epoch {e.epoch}; the run was at epoch {s.epoch}")
-
-
-def _fenced(s: AuditState, e: RecordedEvent) -> None:
-    """The fence ``decide`` applies: the submitter holds the live lease of the current epoch."""
-    lease = s.lease
-    if e.epoch < s.epoch:
-        return  # already reported as stale_epoch
-    if lease is None or lease.worker != e.worker or lease.epoch != e.epoch:
-        held = f"{lease.worker!r} held epoch {lease.epoch}" if lease else f"no lease was held (epoch {s.epoch})"
-        s.report("not_lease_holder", f"{e.type} from {e.worker!r} at epoch {e.epoch}, but {held}")
-    elif e.recorded_at >= lease.expires_at:
-        s.report(
-            "lease_expired",
-            f"{e.type} recorded at {e.recorded_at}; lease epoch {lease.epoch} expired at {lease.expires_at}",
-        )
-
-
-def _charge(s: AuditState, e: RecordedEvent) -> None:
-    charge: Usage = e.body.charge  # type: ignore[union-attr]  # only registered for bodies with a charge
-    amounts = msgspec.structs.astuple(charge)
-    if min(amounts) < 0:
-        for index, amount in enumerate(amounts):
-            if amount < 0:
-                s.report("budget_decreased", f"{COUNTERS[index]} charged {amount}")
-        amounts = tuple(max(amount, 0) for amount in amounts)
-    usage = s.usage = [a + b for a, b in zip(s.usage, amounts, strict=True)]
-    if max(usage) > MAX_COUNTER:
-        for index, total in enumerate(usage):
-            if total > MAX_COUNTER and total - amounts[index] <= MAX_COUNTER:  # reported when it first passes
-                s.report("counter_overflow", f"{COUNTERS[index]} reached {total}")
-    for index, ceiling in s.limits:
-        if usage[index] > ceiling and index not in s.exceeded:
-            s.exceeded.add(index)  # reported once per counter: every later event would repeat it
-            s.report("budget_exceeded", f"{COUNTERS[index]} {usage[index]} > ceiling {ceiling}")
-
-
-# -- rules per event type -----------------------------------------------------------------------
-
-
-def _opened(s: AuditState, e: RecordedEvent) -> None:
-    body: RunOpened = e.body  # type: ignore[assignment]
-    if s.opened:
-        s.report("duplicate_open", "the run was already opened")
-        return
-    s.opened = True
-    s.limits = tuple(
-        (index, ceiling) for index, ceiling in enumerate(msgspec.structs.astuple(body.ceilings)) if ceiling is not None
-    )
-
-
-def _granted(s: AuditState, e: RecordedEvent) -> None:
-    body: LeaseGranted = e.body  # type: ignore[assignment]
-    if s.lease is not None:
-        s.report("lease_held", f"epoch {body.epoch} granted while {s.lease.worker!r} held epoch {s.lease.epoch}")
-    if body.epoch <= s.epoch or e.epoch != body.epoch:
-        s.report(
-            "epoch_not_increasing",
-            f"grant of epoch {body.epoch} (envelope epoch {e.epoch}) after epoch {s.epoch}",
-        )
-    s.epoch = max(s.epoch, body.epoch)
-    s.lease = _Lease(body.worker, body.epoch, body.expires_at)
-
-
-def _lease_named(s: AuditState, e: RecordedEvent) -> bool:
-    body: LeaseRenewed | LeaseReleased | LeaseExpired = e.body  # type: ignore[assignment]
-    lease = s.lease
-    if lease is None or (body.worker, body.epoch) != (lease.worker, lease.epoch):
-        current = f"{lease.worker!r} at epoch {lease.epoch}" if lease else "no lease"
-        s.report("lease_mismatch", f"{e.type} names {body.worker!r} at epoch {body.epoch}; current: {current}")
-        return False
-    return True
-
-
-def _renewed(s: AuditState, e: RecordedEvent) -> None:
-    body: LeaseRenewed = e.body  # type: ignore[assignment]
-    if _lease_named(s, e) and s.lease is not None:
-        s.lease = s.lease._replace(expires_at=body.expires_at)
-
-
-def _released(s: AuditState, e: RecordedEvent) -> None:
-    _lease_named(s, e)
-    s.lease = None
-
-
-def _expired(s: AuditState, e: RecordedEvent) -> None:
-    body: LeaseExpired = e.body  # type: ignore[assignment]
-    if _lease_named(s, e) and s.lease is not None and body.expired_at < s.lease.expires_at:
-        s.report("premature_expiry", f"expired at {body.expired_at}, before its expiry {s.lease.expires_at}")
-    s.lease = None
-
-
-def _older_open(s: AuditState) -> list[int]:
-    return sorted(epoch for epoch, count in s.open_by_epoch.items() if count and epoch < s.epoch)
-
-
-def _intent(s: AuditState, e: RecordedEvent) -> None:
-    body: IntentRecorded = e.body  # type: ignore[assignment]
-    if body.op_id in s.operations:
-        s.report(
-            "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
-        )
-        return
-    if body.context_digest != context_digest(body.context):
-        s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
-    if body.kind == "effect" and (older := _older_open(s)):
-        s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")
-    s.operations[body.op_id] = _Op(body.kind, body.context_digest, e.epoch, e.position)
-    s.open_by_epoch[e.epoch] = s.open_by_epoch.get(e.epoch, 0) + 1
-
-
-def _settle(s: AuditState, e: RecordedEvent) -> _Op | None:
-    op_id: str = e.body.op_id  # type: ignore[union-attr]
-    op = s.operations.pop(op_id, None)
-    if op is None:
-        s.report("unknown_operation", f"{e.type} for {op_id!r}, which has no open intent in this run")
-        return None
-    s.open_by_epoch[op.epoch] -= 1
-    return op
-
-
-def _observed(s: AuditState, e: RecordedEvent) -> None:
-    body: ObservationRecorded = e.body  # type: ignore[assignment]
-    op = _settle(s, e)
-    if op is None:
-        return
-    if op.epoch != e.epoch:
-        s.report("reconciliation_required", f"{body.op_id!r} was intended at epoch {op.epoch}, observed at {e.epoch}")
-    if body.context_digest != op.context_digest:
-        s.report(
-            "context_mismatch",
-            f"{body.op_id!r} quotes {body.context_digest}; the intent at {op.position} recorded {op.context_digest}",
-        )
-
-
-def _reconciled(s: AuditState, e: RecordedEvent) -> None:
-    _settle(s, e)
-
-
-def _transition(s: AuditState, e: RecordedEvent) -> None:
-    body: TransitionRecorded = e.body  # type: ignore[assignment]
-    if body.from_stage != s.stage:
-        s.report("stage_mismatch", f"transition from {body.from_stage} while the run was in {s.stage}")
-    if not is_legal(s.stage, body.to_stage):
-        s.report("illegal_transition", f"{s.stage} -> {body.to_stage}")
-    s.stage = body.to_stage
-
-
-def _require_settled(s: AuditState, e: RecordedEvent) -> None:
-    if s.operations:
-        names = sorted(s.operations)[:5]
-        s.report("uncertain_intent", f"{e.type} with {len(s.operations)} uncertain intents, e.g. {names}")
-
-
-def _sealed(s: AuditState, e: RecordedEvent) -> None:
-    body: CheckpointSealed = e.body  # type: ignore[assignment]
-    if body.stage != s.stage:
-        s.report("stage_mismatch", f"checkpoint at {body.stage} while the run was in {s.stage}")
-    _require_settled(s, e)
-
-
-def _completed(s: AuditState, e: RecordedEvent) -> None:
-    _require_settled(s, e)
-    if s.stage is Stage.COMMITTING:
-        s.report("illegal_transition", "completed while COMMITTING")
-    _ended(s, e)
-
-
-def _ended(s: AuditState, e: RecordedEvent) -> None:
-    if s.terminal is None:
-        s.terminal = e.position
-    s.lease = None
-
-
-ENVELOPE_RULES: tuple[Rule, ...] = (_lifecycle,)
+# fenced work, which the holder may not do while a handoff is pending
+_WORK: tuple[Rule, ...] = (run.fenced, handoff.not_pending)
 
 RULES: dict[type[Any], tuple[Rule, ...]] = {
-    RunOpened: (_opened,),
-    LeaseGranted: (_granted,),
-    LeaseRenewed: (_fenced, _renewed),
-    LeaseReleased: (_fenced, _released),
-    LeaseExpired: (_expired,),
-    StageReserved: (_fenced, _charge),
-    IntentRecorded: (_fenced, _charge, _intent),
-    ObservationRecorded: (_fenced, _charge, _observed),
-    IntentReconciled: (_fenced, _charge, _reconciled),
-    TransitionRecorded: (_fenced, _charge, _transition),
-    CheckpointSealed: (_fenced, _sealed),
-    RunCompleted: (_fenced, _completed),
-    RunFailed: (_fenced, _ended),
+    RunOpened: (run.opened,),
+    LeaseGranted: (run.granted,),
+    LeaseRenewed: (run.fenced, run.renewed),
+    LeaseReleased: (run.fenced, run.released),
+    LeaseExpired: (run.expired,),
+    StageReserved: (*_WORK, run.charge),
+    IntentRecorded: (*_WORK, run.charge, run.intent, authority.authorized),
+    ObservationRecorded: (*_WORK, run.charge, run.observed),
+    IntentReconciled: (*_WORK, run.charge, run.reconciled),
+    TransitionRecorded: (*_WORK, run.charge, run.transition),
+    CheckpointSealed: (*_WORK, run.checkpoint),
+    AuthorityGranted: (authority.authority_granted,),
+    AuthorityRevoked: (authority.authority_revoked,),
+    EvidenceRecorded: (*_WORK, authority.evidence),
+    ApprovalGranted: (authority.approval_granted,),
+    ApprovalDenied: (authority.approval_denied,),
+    HandoffPrepared: (*_WORK, handoff.prepared),
+    HandoffAccepted: (handoff.accepted,),  # fenced unless imported: the rule decides
+    HandoffAborted: (run.fenced, handoff.aborted),
+    RunCompleted: (*_WORK, run.completed),
+    RunFailed: (run.fenced, run.ended),
 }
 """Rules per body type, run in order after ``ENVELOPE_RULES``; a type without an entry gets only those."""
 

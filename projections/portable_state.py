@@ -37,7 +37,6 @@ _MANIFEST_PREFIX = b"baton.observation-manifest.v1\x00"
 _LEDGER_PREFIX = b"baton.operation-ledger.v2\x00"
 _BUDGET_PREFIX = b"baton.budget-ledger.v1\x00"
 _AUTHORITY_PREFIX = b"baton.authority-context.v1\x00"
-_OP_EVENTS = {IntentRecorded: "intended", ObservationRecorded: "observed", IntentReconciled: "reconciled"}
 
 
 class ResumeState(msgspec.Struct):
@@ -52,7 +51,6 @@ class ResumeState(msgspec.Struct):
     task_ref: BlobRef | None = None
     task_digest: str = ""
     manifest: str = ""
-    operation_ledger: str = ""
     placement: Placement | None = None
     tool_contracts: set[str] = set()
     evidence_ref: BlobRef | None = None
@@ -89,7 +87,14 @@ class PortableStateFold:
         apply(state.run, event)
         self.replay.apply(event)
         body = event.body
-        if isinstance(body, RunOpened):
+        kind = type(body)
+        if kind is IntentRecorded or kind is ObservationRecorded or kind is IntentReconciled:
+            if kind is IntentRecorded:
+                state.tool_contracts.add(body.tool_contract)  # type: ignore[union-attr]
+            # a running digest over the operation events' digests, O(1) per event and order-sensitive:
+            # it commits to every intent, outcome and reconciliation (their evidence) in log order
+            state.manifest = digest_of(_MANIFEST_PREFIX, state.manifest.encode() + event.digest.encode())
+        elif isinstance(body, RunOpened):
             state.task_ref, state.task_digest = body.task_ref, body.task_ref.digest
         elif isinstance(body, TransitionRecorded | CheckpointSealed):
             state.task_ref, state.task_digest = body.state_ref, body.state_digest
@@ -97,17 +102,8 @@ class PortableStateFold:
             state.task_ref, state.task_digest = body.state_ref, body.state_ref.digest
         elif isinstance(body, LeaseGranted):
             state.placement = body.placement
-        elif isinstance(body, IntentRecorded):
-            state.tool_contracts.add(body.tool_contract)
         elif isinstance(body, EvidenceRecorded) and body.evidence_ref is not None:
             state.evidence_ref = body.evidence_ref
-        op_id: str | None = getattr(body, "op_id", None)
-        if op_id is not None:
-            # running digests, O(1) per event and order-sensitive: the manifest over the operation
-            # events' digests (their evidence), the ledger over what happened to which operation
-            state.manifest = digest_of(_MANIFEST_PREFIX, state.manifest.encode() + event.digest.encode())
-            entry = f"{state.operation_ledger}\n{event.position} {op_id} {_OP_EVENTS[type(body)]}".encode()
-            state.operation_ledger = digest_of(_LEDGER_PREFIX, entry)
 
     def to_bytes(self) -> bytes:
         return _state_encoder.encode(self.state)
@@ -118,7 +114,8 @@ class PortableStateFold:
 
     def snapshot(self) -> PortableState:
         run = self.run
-        authority = [run.epoch, run.holder, sorted(run.grants.items())]  # grants are references, never secrets
+        authority = [run.epoch, run.holder, sorted(run.grants.items())]
+        manifest = self.state.manifest or digest_of(_MANIFEST_PREFIX, b"")  # grants are references, never secrets
         draft = PortableState(
             run_id=run.run_id,
             position=run.version,
@@ -130,8 +127,9 @@ class PortableStateFold:
             status=run.status,
             task_state_ref=self.state.task_ref,
             task_state_digest=self.state.task_digest,
-            observation_manifest_ref=self.state.manifest or digest_of(_MANIFEST_PREFIX, b""),
-            operation_ledger_ref=self.state.operation_ledger or digest_of(_LEDGER_PREFIX, b""),
+            observation_manifest_ref=manifest,
+            # the operation ledger is what the manifest commits to, read as the list of operations
+            operation_ledger_ref=digest_of(_LEDGER_PREFIX, manifest.encode()),
             authority_context_ref=digest_of(_AUTHORITY_PREFIX, canonical_bytes(authority)),
             budget_ledger_ref=digest_of(_BUDGET_PREFIX, canonical_bytes([run.usage, run.ceilings])),
             usage=run.usage,

@@ -34,6 +34,7 @@ __all__ = [
     "ReplayIncomplete",
     "ReplayPrefix",
     "ReplayStep",
+    "OpenOperation",
     "ReplayWindow",
     "StageReservation",
     "prefix_steps",
@@ -94,86 +95,107 @@ class PrefixOutline(msgspec.Struct, frozen=True):
     uncertain: tuple[ReplayStep, ...]
 
 
+class OpenOperation(msgspec.Struct, array_like=True):
+    """An intent in the window, as recorded (no copy), and its outcome once one is recorded."""
+
+    intent: IntentRecorded
+    position: int
+    reservations: tuple[StageReservation, ...] = ()
+    outcome: ObservationRecorded | IntentReconciled | None = None
+    outcome_position: int = 0
+
+    def step(self) -> ReplayStep:
+        intent, outcome = self.intent, self.outcome
+        step = ReplayStep(
+            intent.op_id,
+            intent.kind,
+            intent.tool_contract,
+            intent.context,
+            intent.context_digest,
+            self.position,
+            reservations=self.reservations,
+        )
+        if outcome is None:
+            return step
+        ended: Outcome
+        if isinstance(outcome, ObservationRecorded):
+            ended, reason = outcome.outcome, outcome.failure_reason
+        else:
+            ended, reason = outcome.resolution, None
+        return msgspec.structs.replace(
+            step,
+            outcome=ended,
+            outcome_position=self.outcome_position,
+            failure_reason=reason,
+            result=outcome.result,
+            result_ref=outcome.result_ref,
+        )
+
+
 class ReplayWindow(msgspec.Struct):
     """The fold's whole state: what it keeps between events (and in snapshots).
 
     ``open`` holds the operations from the first unsettled intent on, in intent order; settled
-    steps in front of it leave the window and are only counted.
+    operations in front of it leave the window and are only counted.
     """
 
     start: int = 0
     settled: int = 0
-    open: list[ReplayStep] = []
+    open: list[OpenOperation] = []
     reserved: list[StageReservation] = []  # recorded since the last intent: they belong to the next one
 
 
 class ReplayFold:
-    """Counts the prefix as it grows; holds only the window from the first unsettled intent on."""
+    """Counts the prefix as it grows; holds only the window from the first unsettled intent on.
 
-    def __init__(self, window: ReplayWindow | None = None) -> None:
+    With ``emit`` it also returns the steps each event adds to the prefix (``prefix_steps`` streams
+    them); without, settling the front operation costs no allocation at all.
+    """
+
+    def __init__(self, window: ReplayWindow | None = None, *, emit: bool = False) -> None:
         self.window = ReplayWindow() if window is None else window
+        self.emit = emit
 
     def apply(self, event: RecordedEvent) -> tuple[ReplayStep, ...]:
-        """Fold one event; return the steps it added to the prefix, in intent order."""
+        """Fold one event; with ``emit``, return the steps it added to the prefix, in intent order."""
         body, window = event.body, self.window
-        if isinstance(body, IntentRecorded):
-            step = ReplayStep(
-                body.op_id,
-                body.kind,
-                body.tool_contract,
-                body.context,
-                body.context_digest,
-                event.position,
-                reservations=tuple(window.reserved),
-            )
-            window.open.append(step)
-            window.reserved.clear()
-        elif isinstance(body, StageReserved):
-            window.reserved.append(StageReservation(body.stage_id, body.fuel))
-        elif isinstance(body, ObservationRecorded):
-            self._settle(body.op_id, body.outcome, event.position, body.failure_reason, body.result, body.result_ref)
-            return self._drain()
-        elif isinstance(body, IntentReconciled):
-            self._settle(body.op_id, body.resolution, event.position, None, body.result, body.result_ref)
-            return self._drain()
-        elif isinstance(body, CheckpointSealed):
+        kind = type(body)
+        if kind is IntentRecorded:
+            reserved = tuple(window.reserved)
+            window.open.append(OpenOperation(body, event.position, reserved))  # type: ignore[arg-type]
+            if reserved:
+                window.reserved.clear()
+        elif kind is ObservationRecorded or kind is IntentReconciled:
+            return self._settle(body, event.position)  # type: ignore[arg-type]
+        elif kind is StageReserved:
+            window.reserved.append(StageReservation(body.stage_id, body.fuel))  # type: ignore[union-attr]
+        elif kind is CheckpointSealed:
             # sealing needs every intent settled (decide), so nothing open is lost here
             window.start, window.settled = event.position, 0
             window.reserved.clear()
-            window.open = [step for step in window.open if step.outcome is None]
+            window.open = [entry for entry in window.open if entry.outcome is None]
         return ()
 
-    def _settle(
-        self, op_id: str, outcome: Outcome, position: int, reason: str | None, result: Any, ref: BlobRef | None
-    ) -> None:
-        steps = self.window.open
-        for index in range(len(steps) - 1, -1, -1):
-            if steps[index].op_id == op_id:
-                steps[index] = msgspec.structs.replace(
-                    steps[index],
-                    outcome=outcome,
-                    outcome_position=position,
-                    failure_reason=reason,
-                    result=result,
-                    result_ref=ref,
-                )
-                return
-
-    def _drain(self) -> tuple[ReplayStep, ...]:
-        steps = self.window.open
+    def _settle(self, outcome: ObservationRecorded | IntentReconciled, position: int) -> tuple[ReplayStep, ...]:
+        entries = self.window.open
+        for index in range(len(entries) - 1, -1, -1):
+            entry = entries[index]
+            if entry.intent.op_id == outcome.op_id:
+                entry.outcome, entry.outcome_position = outcome, position
+                break
         ready = 0
-        while ready < len(steps) and steps[ready].outcome is not None:
+        while ready < len(entries) and entries[ready].outcome is not None:
             ready += 1
         if not ready:
             return ()
-        drained = tuple(steps[:ready])
-        del steps[:ready]
+        drained = tuple(entry.step() for entry in entries[:ready]) if self.emit else ()
+        del entries[:ready]
         self.window.settled += ready
         return drained
 
     def outline(self) -> PrefixOutline:
         window = self.window
-        uncertain = tuple(step for step in window.open if step.outcome is None)
+        uncertain = tuple(entry.step() for entry in window.open if entry.outcome is None)
         return PrefixOutline(window.start, window.settled, uncertain)
 
 
@@ -181,7 +203,7 @@ def prefix_steps(events: Iterable[RecordedEvent], length: int) -> Iterator[Repla
     """The first ``length`` settled steps of the events after a prefix's start, one at a time."""
     if length <= 0:
         return
-    fold, produced = ReplayFold(), 0
+    fold, produced = ReplayFold(emit=True), 0
     for event in events:
         for step in fold.apply(event):
             yield step
@@ -196,7 +218,7 @@ def replay_prefix(events: Iterable[RecordedEvent]) -> ReplayPrefix:
     Holds every step of the prefix: for a bounded resume use ``ReplayFold.outline`` and read the
     steps with ``prefix_steps``.
     """
-    fold, steps = ReplayFold(), list[ReplayStep]()
+    fold, steps = ReplayFold(emit=True), list[ReplayStep]()
     for event in events:
         if isinstance(event.body, CheckpointSealed):
             steps = []

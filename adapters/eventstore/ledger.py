@@ -49,7 +49,7 @@ _UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race i
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
 _SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v2"
-SNAPSHOT_EVERY = 500
+SNAPSHOT_EVERY = 100  # snapshots are ~1 KiB: a resume never folds more than 99 events past one
 
 
 _submission_encoder = msgspec.json.Encoder(order="sorted")

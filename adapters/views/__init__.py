@@ -7,11 +7,12 @@ docs/analytics.md.
 
 from adapters.views.postgres_views import PostgresViews
 from adapters.views.progress import ProgressLine
-from adapters.views.runner import CatchUp, EventSource, ViewRunner
+from adapters.views.runner import DEFAULT_BATCH, CatchUp, EventSource, ViewRunner
 from adapters.views.sqlite_views import SQLiteViews
 from adapters.views.tables import ViewStore, ViewTables
 
 __all__ = [
+    "DEFAULT_BATCH",
     "CatchUp",
     "EventSource",
     "PostgresViews",

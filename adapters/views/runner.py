@@ -17,7 +17,9 @@ from typing import Protocol
 from adapters.views.tables import StaleBatch, ViewStore, ViewTables
 from domain.events import RecordedEvent
 
-__all__ = ["CatchUp", "EventSource", "Progress", "StopSignal", "ViewRunner"]
+__all__ = ["DEFAULT_BATCH", "CatchUp", "EventSource", "Progress", "StopSignal", "ViewRunner"]
+
+DEFAULT_BATCH = 5000  # events per transaction: fewer commits (each an fsync) per event, bounded memory
 
 Progress = Callable[[int], None]  # called with the number of events folded so far
 
@@ -68,7 +70,7 @@ class ViewRunner:
         source: EventSource,
         *,
         upstream: str,
-        batch_size: int = 1000,
+        batch_size: int = DEFAULT_BATCH,
         total: Callable[[], int] | None = None,
         on_close: Callable[[], None] | None = None,
     ) -> None:

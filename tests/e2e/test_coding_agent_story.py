@@ -34,6 +34,7 @@ from domain.commands import (
 from domain.decide import context_digest
 from domain.events import BlobRef, IntentContext, Placement
 from domain.stages import Stage
+from projections.audit import audit_events
 from projections.resumability import ResumabilityClass, classify, summary_of
 
 RUN = "fix-flaky-retry"
@@ -153,3 +154,4 @@ def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: Run
     final = ledger.state(RUN)
     assert (final.stage, final.epoch, final.holder) == (Stage.COMMITTED, 2, "w2")
     assert ledger.verify(RUN).events == final.version
+    assert audit_events(RUN, list(ledger.history(RUN))) == []  # the auditor finds the whole story lawful

@@ -34,6 +34,7 @@ from domain.decide import context_digest
 from domain.events import BlobRef, HandoffAccepted, HandoffPrepared, IntentContext, LeaseGranted, Placement
 from domain.handoff_document import decode_document, document_digest, encode_document, state_digest_of
 from domain.stages import Stage
+from projections.audit import audit_events
 
 RUN = "run-handoff"
 NONCANONICAL = "noncanonical_document"
@@ -137,6 +138,7 @@ def test_in_store_handoff_moves_the_lease_fences_the_source_and_binds_the_docume
     assert again.reason == "successor_exists"  # one predecessor, one successor
     destination.work("op-2", decode_document(prepared.document).state)
     assert ledger.verify(RUN).events == ledger.state(RUN).version
+    assert audit_events(RUN, list(ledger.history(RUN))) == []  # the source's lease move is no overlap
 
 
 def test_every_lost_acknowledgement_is_resolved_by_reading_the_store(ledger: RunLedger) -> None:
@@ -215,6 +217,8 @@ def test_cross_store_chain_carries_cumulative_budgets_and_migrates_once_per_step
     assert (at_c.schema_version, at_c.epoch, at_c.holder) == (3, 3, "w3")
     assert decode_document(doc_bc.document).state["rejections"] == 1
     assert c.verify(RUN).events == at_c.version
+    for store in (a, b, c):
+        assert audit_events(RUN, list(store.history(RUN))) == []  # imports open their run at position 1
 
 
 def test_a_second_document_for_the_same_predecessor_is_refused(stores: dict[str, RunLedger]) -> None:

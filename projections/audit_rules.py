@@ -1,0 +1,257 @@
+"""The audit's rules for the run's life, fencing, operations, budgets and stages: what ``decide`` enforces.
+
+Each rule checks one event against ``AuditState`` (the run before it), reports what it finds and
+keeps the state current. Handoff and authority rules live in ``projections.audit_handoff`` and
+``projections.audit_authority``; ``projections.audit.RULES`` maps each body type to its rules.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from domain.budgets import COUNTERS, MAX_COUNTER, Usage
+from domain.decide import context_digest
+from domain.events import (
+    CheckpointSealed,
+    HandoffAccepted,
+    IntentRecorded,
+    LeaseExpired,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    ObservationRecorded,
+    RecordedEvent,
+    RunOpened,
+    TransitionRecorded,
+)
+from domain.stages import Stage, is_legal
+from projections.audit_state import AuditState, LeaseRecord, OpRecord
+
+__all__ = [
+    "charge",
+    "check_ceilings",
+    "checkpoint",
+    "completed",
+    "ended",
+    "expired",
+    "fenced",
+    "granted",
+    "intent",
+    "lifecycle",
+    "observed",
+    "opened",
+    "reconciled",
+    "released",
+    "renewed",
+    "require_settled",
+    "transition",
+]
+
+
+# -- rules for every event ----------------------------------------------------------------------
+
+
+def lifecycle(s: AuditState, e: RecordedEvent) -> None:
+    if s.terminal is not None:
+        s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
+    opens = isinstance(e.body, RunOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
+    if not s.opened and not opens:
+        s.report("not_opened", f"{e.type} before RunOpened")
+    if e.epoch < s.epoch:
+        s.report("stale_epoch", f"{e.type} from {e.worker!r} at epoch {e.epoch}; the run was at epoch {s.epoch}")
+
+
+def fenced(s: AuditState, e: RecordedEvent) -> None:
+    """The fence ``decide`` applies: the submitter holds the live lease of the current epoch."""
+    lease = s.lease
+    if e.epoch < s.epoch:
+        return  # already reported as stale_epoch
+    if lease is None or lease.worker != e.worker or lease.epoch != e.epoch:
+        held = f"{lease.worker!r} held epoch {lease.epoch}" if lease else f"no lease was held (epoch {s.epoch})"
+        s.report("not_lease_holder", f"{e.type} from {e.worker!r} at epoch {e.epoch}, but {held}")
+    elif e.recorded_at >= lease.expires_at:
+        s.report(
+            "lease_expired",
+            f"{e.type} recorded at {e.recorded_at}; lease epoch {lease.epoch} expired at {lease.expires_at}",
+        )
+
+
+def charge(s: AuditState, e: RecordedEvent) -> None:
+    charged: Usage = e.body.charge  # type: ignore[union-attr]  # only registered for bodies with a charge
+    amounts = msgspec.structs.astuple(charged)
+    if min(amounts) < 0:
+        for index, amount in enumerate(amounts):
+            if amount < 0:
+                s.report("budget_decreased", f"{COUNTERS[index]} charged {amount}")
+        amounts = tuple(max(amount, 0) for amount in amounts)
+    usage = s.usage = [a + b for a, b in zip(s.usage, amounts, strict=True)]
+    if max(usage) > MAX_COUNTER:
+        for index, total in enumerate(usage):
+            if total > MAX_COUNTER and total - amounts[index] <= MAX_COUNTER:  # reported when it first passes
+                s.report("counter_overflow", f"{COUNTERS[index]} reached {total}")
+    check_ceilings(s)
+
+
+def check_ceilings(s: AuditState) -> None:
+    usage = s.usage
+    for index, ceiling in s.limits:
+        if usage[index] > ceiling and index not in s.exceeded:
+            s.exceeded.add(index)  # reported once per counter: every later event would repeat it
+            s.report("budget_exceeded", f"{COUNTERS[index]} {usage[index]} > ceiling {ceiling}")
+
+
+# -- the run's life and its lease -----------------------------------------------------------------
+
+
+def opened(s: AuditState, e: RecordedEvent) -> None:
+    body: RunOpened = e.body  # type: ignore[assignment]
+    if s.opened:
+        s.report("duplicate_open", "the run was already opened")
+        return
+    s.opened = True
+    s.release_id = body.release_id
+    s.limits = tuple(
+        (index, ceiling) for index, ceiling in enumerate(msgspec.structs.astuple(body.ceilings)) if ceiling is not None
+    )
+
+
+def _handed_on(s: AuditState, e: RecordedEvent, body: LeaseGranted) -> bool:
+    """Is this the lease move a handoff's source appends right after its HandoffPrepared, in the same
+    submission and at its own epoch (``domain.decide.envelope_epoch``), to the prepared destination?"""
+    pending = s.pending
+    return (
+        pending is not None
+        and pending.position == e.position - 1
+        and pending.submission_id == e.submission_id
+        and pending.destination == body.worker
+        and s.holds(e.worker, e.epoch)
+    )
+
+
+def granted(s: AuditState, e: RecordedEvent) -> None:
+    body: LeaseGranted = e.body  # type: ignore[assignment]
+    handed_on = _handed_on(s, e, body)  # the source's live lease moves: it is not "held" against the grant
+    if s.lease is not None and not handed_on:
+        s.report("lease_held", f"epoch {body.epoch} granted while {s.lease.worker!r} held epoch {s.lease.epoch}")
+    envelope_epoch = body.epoch - 1 if handed_on else body.epoch
+    if body.epoch <= s.epoch or e.epoch != envelope_epoch:
+        s.report(
+            "epoch_not_increasing",
+            f"grant of epoch {body.epoch} (envelope epoch {e.epoch}) after epoch {s.epoch}",
+        )
+    s.epoch = max(s.epoch, body.epoch)
+    s.lease = LeaseRecord(body.worker, body.epoch, body.expires_at)
+    s.grants.clear()  # grants are bound to (worker, epoch): a new epoch starts with none
+
+
+def _lease_named(s: AuditState, e: RecordedEvent) -> bool:
+    body: LeaseRenewed | LeaseReleased | LeaseExpired = e.body  # type: ignore[assignment]
+    lease = s.lease
+    if lease is None or (body.worker, body.epoch) != (lease.worker, lease.epoch):
+        current = f"{lease.worker!r} at epoch {lease.epoch}" if lease else "no lease"
+        s.report("lease_mismatch", f"{e.type} names {body.worker!r} at epoch {body.epoch}; current: {current}")
+        return False
+    return True
+
+
+def renewed(s: AuditState, e: RecordedEvent) -> None:
+    body: LeaseRenewed = e.body  # type: ignore[assignment]
+    if _lease_named(s, e) and s.lease is not None:
+        s.lease = s.lease._replace(expires_at=body.expires_at)
+
+
+def released(s: AuditState, e: RecordedEvent) -> None:
+    _lease_named(s, e)
+    s.lease = None
+
+
+def expired(s: AuditState, e: RecordedEvent) -> None:
+    body: LeaseExpired = e.body  # type: ignore[assignment]
+    if _lease_named(s, e) and s.lease is not None and body.expired_at < s.lease.expires_at:
+        s.report("premature_expiry", f"expired at {body.expired_at}, before its expiry {s.lease.expires_at}")
+    s.lease = None
+
+
+# -- operations, stages and the end ---------------------------------------------------------------
+
+
+def _older_open(s: AuditState) -> list[int]:
+    return sorted(epoch for epoch, count in s.open_by_epoch.items() if count and epoch < s.epoch)
+
+
+def intent(s: AuditState, e: RecordedEvent) -> None:
+    body: IntentRecorded = e.body  # type: ignore[assignment]
+    if body.op_id in s.operations:
+        s.report(
+            "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
+        )
+        return
+    if body.context_digest != context_digest(body.context):
+        s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
+    if body.kind == "effect" and (older := _older_open(s)):
+        s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")
+    s.operations[body.op_id] = OpRecord(body.kind, body.context_digest, e.epoch, e.position)
+    s.open_by_epoch[e.epoch] = s.open_by_epoch.get(e.epoch, 0) + 1
+
+
+def _settle(s: AuditState, e: RecordedEvent) -> OpRecord | None:
+    op_id: str = e.body.op_id  # type: ignore[union-attr]
+    op = s.operations.pop(op_id, None)
+    if op is None:
+        s.report("unknown_operation", f"{e.type} for {op_id!r}, which has no open intent in this run")
+        return None
+    s.open_by_epoch[op.epoch] -= 1
+    return op
+
+
+def observed(s: AuditState, e: RecordedEvent) -> None:
+    body: ObservationRecorded = e.body  # type: ignore[assignment]
+    op = _settle(s, e)
+    if op is None:
+        return
+    if op.epoch != e.epoch:
+        s.report("reconciliation_required", f"{body.op_id!r} was intended at epoch {op.epoch}, observed at {e.epoch}")
+    if body.context_digest != op.context_digest:
+        s.report(
+            "context_mismatch",
+            f"{body.op_id!r} quotes {body.context_digest}; the intent at {op.position} recorded {op.context_digest}",
+        )
+
+
+def reconciled(s: AuditState, e: RecordedEvent) -> None:
+    _settle(s, e)
+
+
+def transition(s: AuditState, e: RecordedEvent) -> None:
+    body: TransitionRecorded = e.body  # type: ignore[assignment]
+    if body.from_stage != s.stage:
+        s.report("stage_mismatch", f"transition from {body.from_stage} while the run was in {s.stage}")
+    if not is_legal(s.stage, body.to_stage):
+        s.report("illegal_transition", f"{s.stage} -> {body.to_stage}")
+    s.stage = body.to_stage
+
+
+def require_settled(s: AuditState, e: RecordedEvent) -> None:
+    if s.operations:
+        names = sorted(s.operations)[:5]
+        s.report("uncertain_intent", f"{e.type} with {len(s.operations)} uncertain intents, e.g. {names}")
+
+
+def checkpoint(s: AuditState, e: RecordedEvent) -> None:
+    body: CheckpointSealed = e.body  # type: ignore[assignment]
+    if body.stage != s.stage:
+        s.report("stage_mismatch", f"checkpoint at {body.stage} while the run was in {s.stage}")
+    require_settled(s, e)
+
+
+def completed(s: AuditState, e: RecordedEvent) -> None:
+    require_settled(s, e)
+    if s.stage is Stage.COMMITTING:
+        s.report("illegal_transition", "completed while COMMITTING")
+    ended(s, e)
+
+
+def ended(s: AuditState, e: RecordedEvent) -> None:
+    if s.terminal is None:
+        s.terminal = e.position
+    s.lease = None
