@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from adapters.bootstrap import open_ledger
 from adapters.eventstore import RunLedger
+from adapters.report import add_report_parser
 from adapters.views import ProgressLine
 from domain.canonical import canonical_bytes
 from domain.errors import BatonError
@@ -261,3 +262,4 @@ def add_audit_parsers(sub: Any, store: argparse.ArgumentParser) -> None:
     verify.add_argument("--expect-head", metavar="DIGEST", help="the head digest from a trusted channel")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=cmd_verify_export)
+    add_report_parser(sub, store, audit=audit_store)

@@ -38,7 +38,15 @@ from domain.state import Approval, Evidence, Grant, RunState
 
 __all__ = [
     "AuthorityView",
-    "GateDecision", "approve", "deny", "gate", "grant", "record_evidence", "require_authority", "revoke"]
+    "GateDecision",
+    "approve",
+    "deny",
+    "gate",
+    "grant",
+    "record_evidence",
+    "require_authority",
+    "revoke",
+]
 
 MAX_GRANT_TTL_MS = 7 * 24 * 3_600_000
 

@@ -1,4 +1,4 @@
-"""Pure folds over recorded events: portable state, budgets, replay prefix, resumability, audit.
+"""Pure folds over recorded events: portable state, budgets, replay prefix, resumability, audit, report.
 
 Each projection is an incremental fold (``apply`` one event at a time) plus a convenience
 function over an iterable; folding in any chunking gives the same result.
@@ -9,6 +9,7 @@ from projections.budget_usage import DIMENSIONS, BudgetUsageFold, budget_usage
 from projections.explain import Explanation, explain
 from projections.portable_state import PortableState, PortableStateFold, portable_state
 from projections.replay import ReplayCursor, ReplayDivergence, ReplayFold, ReplayPrefix, replay_prefix
+from projections.report import ReportFold, RunReport, build_report
 from projections.resumability import Resumability, ResumabilityClass, classify, summarize
 
 __all__ = [
@@ -24,9 +25,12 @@ __all__ = [
     "ReplayDivergence",
     "ReplayFold",
     "ReplayPrefix",
+    "ReportFold",
     "Resumability",
     "ResumabilityClass",
+    "RunReport",
     "budget_usage",
+    "build_report",
     "classify",
     "explain",
     "portable_state",
