@@ -62,11 +62,10 @@ if str(ROOT) not in sys.path:  # `python bench/append.py` puts bench/ first, not
 import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 from eventsourcing.persistence import StoredEvent  # noqa: E402
-from psycopg.sql import SQL  # noqa: E402
 
 from adapters.bootstrap import init_store, open_ledger  # noqa: E402
 from adapters.eventstore import RunLedger  # noqa: E402
-from adapters.eventstore.postgres_recorder import FencedPostgresRecorder  # noqa: E402
+from adapters.eventstore.postgres_recorder import FencedPostgresRecorder, _append_params  # noqa: E402
 from adapters.local_servers import LocalPostgres  # noqa: E402
 from adapters.settings import StoreSettings  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
@@ -498,16 +497,20 @@ class StockLockingRecorder(FencedPostgresRecorder):
     notification ids: ``LOCK TABLE ... IN EXCLUSIVE MODE`` and ``NOTIFY`` in every append
     transaction. The recorder's single server-side call (``baton_append``) is swapped for
     ``bench_locked_append`` (made by ``install_locked_append``): lock, notify, then the same call.
+    Single-event appends go through it too (the recorder's one-statement fast path has no lock).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         statement = getattr(self, "append_statement", None)
-        text = statement.as_string(None) if statement is not None else ""
+        text = statement if isinstance(statement, str) else ""
         if "baton_append(" not in text:
             raise RuntimeError("FencedPostgresRecorder no longer appends through baton_append(): update the bench")
         # the alias keeps the result column named as the recorder expects
-        self.append_statement = SQL(text.replace("baton_append(", "bench_locked_append(") + " AS baton_append")
+        self.append_statement = text.replace("baton_append(", "bench_locked_append(") + " AS baton_append"
+
+    def _append_one(self, curs: Any, fence: Any, row: Any, event: StoredEvent) -> None:
+        curs.execute(self.append_statement, _append_params([fence], [row], [event]), prepare=True)
 
 
 def install_locked_append(url: str, events_table: str) -> bool:

@@ -114,18 +114,18 @@ def _schema(value: Any) -> Any:
 
 
 def _schema_dict(value: dict[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out = value.copy()  # then replace only what changes: most values are strings
     for key, item in value.items():
         if type(key) is not str:
             raise _NotPlain
         kind = type(item)
-        if kind in _LEAVES:
-            out[key] = item
+        if kind is str or item is None or kind is bool:
+            continue
+        if kind is int:
+            if key not in OPAQUE_KEYS:
+                out[key] = str(item)
         elif key in OPAQUE_KEYS:
             _check_opaque(item)
-            out[key] = item
-        elif kind is int:
-            out[key] = str(item)
         elif kind is dict:
             out[key] = _schema_dict(item)
         elif kind is list or kind is tuple:
