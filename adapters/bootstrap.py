@@ -7,6 +7,8 @@ from eventsourcing.utils import Environment
 
 from adapters.clock import Clock
 from adapters.eventstore import RunLedger
+from adapters.eventstore.blobs import SqlConnection, create_blob_table
+from adapters.langgraph.index import create_index_tables
 from adapters.settings import StoreSettings
 from adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
 
@@ -31,6 +33,12 @@ def init_store(url: str | None = None) -> StoreSettings:
     settings = StoreSettings.resolve(url)
     ledger = RunLedger(settings.env(create_table=True))
     ledger.close()
+    side = SqlConnection(settings.url, pool_size=1)  # the blob store and the LangGraph thread index
+    try:
+        create_blob_table(side)
+        create_index_tables(side)
+    finally:
+        side.close()
     return settings
 
 

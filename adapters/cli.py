@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from adapters.bootstrap import init_store, open_ledger, open_views
 from adapters.cli_audit import add_audit_parsers
 from adapters.cli_handoff import add_handoff_parsers
+from adapters.cli_purge import add_purge_parser
 from adapters.demo import run_demo
 from adapters.eventstore import RunLedger
 from adapters.views import DEFAULT_BATCH, CatchUp, ProgressLine, ViewRunner
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_views_parser(sub, store)
     add_audit_parsers(sub, store)  # audit, explain, export, verify-export (adapters/cli_audit.py)
     add_handoff_parsers(sub, store)  # handoff export, import, status (adapters/cli_handoff.py)
+    add_purge_parser(sub, store)  # purge a LangGraph thread's payloads (adapters/cli_purge.py)
     serve = sub.add_parser("serve", parents=[store], help="serve submissions on a bus (NATS or Kafka)")
     serve.add_argument("--bus", required=True, help="nats://HOST:PORT or kafka://HOST:PORT")
     serve.add_argument("--no-relay", action="store_true", help="do not relay committed events to the bus")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from domain.budgets import Ceilings, Usage
-from domain.events import BlobRef, FailureReason, IntentContext, Placement
+from domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement
 from domain.stages import Stage
 
 __all__ = [
@@ -39,6 +39,13 @@ __all__ = [
     "SealCheckpoint",
     "Submission",
     "Verdict",
+    # LangGraph threads (domain/threads.py)
+    "DeleteThread",
+    "HideCheckpoints",
+    "PruneThread",
+    "PurgeThread",
+    "PutCheckpoint",
+    "PutWrites",
 ]
 
 
@@ -194,6 +201,50 @@ class FailRun(_Command, tag="fail_run", frozen=True):
     detail: str = ""
 
 
+class PutCheckpoint(_Command, tag="put_checkpoint", frozen=True):
+    """The holder records a LangGraph checkpoint whose document blob is already stored."""
+
+    checkpoint_ns: str
+    checkpoint_id: str
+    document: BlobRef
+    parent_checkpoint_id: str | None = None
+    run_tag: str = ""
+
+
+class PutWrites(_Command, tag="put_writes", frozen=True):
+    """The holder records a task's pending writes against a checkpoint (values already stored as blobs)."""
+
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    writes: tuple[ChannelWrite, ...]
+    task_path: str = ""
+
+
+class DeleteThread(_Command, tag="delete_thread", frozen=True):
+    """The holder tombstones the thread: what came before is hidden from reads, never removed from the log."""
+
+    reason: str = ""
+
+
+class HideCheckpoints(_Command, tag="hide_checkpoints", frozen=True):
+    """The holder hides the checkpoints of these LangGraph run ids (``delete_for_runs``)."""
+
+    run_tags: tuple[str, ...]
+
+
+class PruneThread(_Command, tag="prune_thread", frozen=True):
+    strategy: Literal["keep_latest", "delete"] = "keep_latest"
+
+
+class PurgeThread(_Command, tag="purge_thread", frozen=True):
+    """An operator (not necessarily the holder) erases the thread's blobs; a tombstone and an audit record stay."""
+
+    reason: str
+    blobs: int
+    blobs_digest: str
+
+
 Command = (
     OpenRun
     | AcquireLease
@@ -216,6 +267,12 @@ Command = (
     | AbortHandoff
     | CompleteRun
     | FailRun
+    | PutCheckpoint
+    | PutWrites
+    | DeleteThread
+    | HideCheckpoints
+    | PruneThread
+    | PurgeThread
 )
 
 

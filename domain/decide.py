@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from domain import authority, errors, handoff
+from domain import authority, errors, handoff, threads
 from domain.budgets import Usage
 from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of
 from domain.commands import (
@@ -25,6 +25,7 @@ from domain.commands import (
     GrantAuthority,
     OpenRun,
     PrepareHandoff,
+    PurgeThread,
     ReconcileIntent,
     RecordEvidence,
     RecordIntent,
@@ -111,6 +112,8 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
     if not state.opened:
         raise errors.RunNotFound(f"run {submission.run_id!r} does not exist")
+    if isinstance(command, PurgeThread):  # erasure is an operator's duty, also on a closed run
+        return threads.decide_purge(state, command)
     if state.closed:
         raise errors.RunClosed(f"run {state.run_id!r} is {state.status}")
     if isinstance(command, AcquireLease):
@@ -153,6 +156,8 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if isinstance(command, SealCheckpoint):
         _require_settled(state, "seal a checkpoint")
         return [CheckpointSealed(command.checkpoint_id, state.stage, command.state_digest, command.state_ref)]
+    if isinstance(command, threads.THREAD_COMMANDS):
+        return threads.decide_thread(state, command)
     if isinstance(command, CompleteRun):
         _require_settled(state, "complete the run")
         if state.stage is Stage.COMMITTING:

@@ -42,6 +42,14 @@ __all__ = [
     "RunOpened",
     "StageReserved",
     "TransitionRecorded",
+    # LangGraph threads (docs/langgraph.md): checkpoints and writes by blob digest, tombstones, erasure
+    "ChannelWrite",
+    "CheckpointRecorded",
+    "CheckpointsHidden",
+    "ThreadDeleted",
+    "ThreadPruned",
+    "ThreadPurged",
+    "WritesRecorded",
 ]
 
 FailureReason = Literal[
@@ -265,6 +273,66 @@ class RunFailed(_Event, tag=True, frozen=True):
     detail: str = ""
 
 
+class ChannelWrite(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One pending write of a task: its channel, index, serializer type and the blob holding its value."""
+
+    channel: str
+    idx: int
+    kind: str
+    ref: BlobRef
+
+
+class CheckpointRecorded(_Event, tag=True, frozen=True):
+    """A LangGraph checkpoint of this thread: the document (checkpoint, metadata, channel digests) is a blob."""
+
+    checkpoint_ns: str
+    checkpoint_id: str
+    document: BlobRef
+    parent_checkpoint_id: str | None = None
+    run_tag: str = ""  # LangGraph's run id (metadata "run_id"), for delete_for_runs
+
+
+class WritesRecorded(_Event, tag=True, frozen=True):
+    """Pending writes of one task against one checkpoint; each value is a blob."""
+
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    writes: tuple[ChannelWrite, ...]
+    task_path: str = ""
+
+
+class ThreadDeleted(_Event, tag=True, frozen=True):
+    """A tombstone: every checkpoint and write before it is hidden from reads (the log keeps them)."""
+
+    reason: str = ""
+
+
+class CheckpointsHidden(_Event, tag=True, frozen=True):
+    """Checkpoints (and their writes) of these LangGraph run ids are hidden from reads."""
+
+    run_tags: tuple[str, ...]
+
+
+class ThreadPruned(_Event, tag=True, frozen=True):
+    """Checkpoints up to ``upto`` are hidden: all of them, or all but the latest per namespace."""
+
+    strategy: Literal["keep_latest", "delete"]
+    upto: int
+
+
+class ThreadPurged(_Event, tag=True, frozen=True):
+    """The audit record of an erasure: the blobs referenced before ``upto`` were deleted from the store.
+
+    ``blobs`` and ``blobs_digest`` (over the sorted digests erased) say what went; the events stay.
+    """
+
+    upto: int
+    reason: str
+    blobs: int
+    blobs_digest: str
+
+
 Event = (
     RunOpened
     | LeaseGranted
@@ -287,6 +355,12 @@ Event = (
     | HandoffAborted
     | RunCompleted
     | RunFailed
+    | CheckpointRecorded
+    | WritesRecorded
+    | ThreadDeleted
+    | CheckpointsHidden
+    | ThreadPruned
+    | ThreadPurged
 )
 
 EVENT_TYPES: dict[str, type[_Event]] = {
@@ -313,6 +387,12 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         HandoffAborted,
         RunCompleted,
         RunFailed,
+        CheckpointRecorded,
+        WritesRecorded,
+        ThreadDeleted,
+        CheckpointsHidden,
+        ThreadPruned,
+        ThreadPurged,
     )
 }
 

@@ -1,0 +1,456 @@
+"""The thread index: a small view of the log that LangGraph reads instead of scanning events.
+
+``baton_lg_threads(run_id, position)`` says how far each run's log is folded in;
+``baton_lg_checkpoints`` holds one row per visible checkpoint (its document bytes, metadata as JSON
+for filters, and every blob digest it references) and ``baton_lg_writes`` one row per visible
+pending write. The writer updates the index right after its append with a compare-and-set on
+``position``; whoever finds the index behind the run's head folds the missing events in from the
+log (``catch_up``), so a crash between append and index costs one catch-up, never a wrong answer.
+Hiding events (tombstones, ``delete_for_runs``, pruning) delete index rows; the log keeps all.
+
+No LangGraph import here: ``baton purge`` and ``baton store init`` use this module without the
+optional extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from adapters.eventstore.blobs import BlobStore, SqlConnection
+from domain.events import (
+    CheckpointRecorded,
+    CheckpointsHidden,
+    Event,
+    RecordedEvent,
+    ThreadDeleted,
+    ThreadPruned,
+    ThreadPurged,
+    WritesRecorded,
+)
+
+__all__ = ["CheckpointRow", "Document", "ThreadIndex", "WriteRow", "create_index_tables"]
+
+
+class Document(msgspec.Struct, frozen=True, array_like=True):
+    """A checkpoint's blob: serialized checkpoint (without values), metadata, and channel digests."""
+
+    checkpoint: tuple[str, bytes]
+    metadata: tuple[str, bytes]
+    metadata_json: bytes  # metadata as JSON, what ``list(filter=...)`` matches
+    channels: dict[str, tuple[str, str]]  # channel -> (serializer type, blob digest)
+
+
+_doc_decoder = msgspec.msgpack.Decoder(Document)
+
+
+def decode_document(data: bytes) -> Document:
+    return _doc_decoder.decode(data)
+
+
+class CheckpointRow(msgspec.Struct, frozen=True):
+    run_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    position: int
+    document: bytes
+    run_tag: str = ""
+
+
+class WriteRow(msgspec.Struct, frozen=True):
+    run_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    idx: int
+    channel: str
+    kind: str
+    task_path: str
+    data: bytes
+
+
+_DDL = {
+    "sqlite": [
+        "CREATE TABLE IF NOT EXISTS baton_lg_threads (run_id TEXT PRIMARY KEY, position INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS baton_lg_checkpoints (run_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, "
+        "checkpoint_id TEXT NOT NULL, parent_id TEXT, position INTEGER NOT NULL, run_tag TEXT NOT NULL, "
+        "metadata TEXT NOT NULL, document BLOB NOT NULL, digests TEXT NOT NULL, "
+        "PRIMARY KEY (run_id, checkpoint_ns, checkpoint_id))",
+        "CREATE TABLE IF NOT EXISTS baton_lg_writes (run_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, "
+        "checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL, "
+        "kind TEXT NOT NULL, digest TEXT NOT NULL, task_path TEXT NOT NULL, position INTEGER NOT NULL, "
+        "PRIMARY KEY (run_id, checkpoint_ns, checkpoint_id, task_id, idx))",
+        "CREATE INDEX IF NOT EXISTS baton_lg_checkpoints_tag ON baton_lg_checkpoints (run_tag)",
+    ],
+    "postgresql": [
+        "CREATE TABLE IF NOT EXISTS baton_lg_threads (run_id text PRIMARY KEY, position bigint NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS baton_lg_checkpoints (run_id text NOT NULL, checkpoint_ns text NOT NULL, "
+        "checkpoint_id text NOT NULL, parent_id text, position bigint NOT NULL, run_tag text NOT NULL, "
+        "metadata jsonb NOT NULL, document bytea NOT NULL, digests text NOT NULL, "
+        "PRIMARY KEY (run_id, checkpoint_ns, checkpoint_id))",
+        "CREATE TABLE IF NOT EXISTS baton_lg_writes (run_id text NOT NULL, checkpoint_ns text NOT NULL, "
+        "checkpoint_id text NOT NULL, task_id text NOT NULL, idx integer NOT NULL, channel text NOT NULL, "
+        "kind text NOT NULL, digest text NOT NULL, task_path text NOT NULL, position bigint NOT NULL, "
+        "PRIMARY KEY (run_id, checkpoint_ns, checkpoint_id, task_id, idx))",
+        "CREATE INDEX IF NOT EXISTS baton_lg_checkpoints_tag ON baton_lg_checkpoints (run_tag)",
+    ],
+}
+_CP_COLUMNS = "run_id, checkpoint_ns, checkpoint_id, parent_id, position, run_tag, metadata, document, digests"
+_W_COLUMNS = "run_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, kind, digest, task_path, position"
+
+
+def create_index_tables(conn: SqlConnection) -> None:
+    with conn.cursor() as cur:
+        for statement in _DDL[conn.backend]:
+            cur.execute(statement)
+
+
+class ThreadIndex:
+    """Fold thread events into the index, and answer LangGraph's reads from it."""
+
+    def __init__(self, conn: SqlConnection, blobs: BlobStore) -> None:
+        self.conn = conn
+        self.blobs = blobs
+        self._pg = conn.backend == "postgresql"
+
+    # -- folding ------------------------------------------------------------------------------
+
+    def record(
+        self,
+        run_id: str,
+        expected: int,
+        events: Sequence[tuple[int, Event]],
+        docs: dict[str, bytes],
+        *,
+        blobs: dict[str, bytes] | None = None,
+    ) -> bool:
+        """Fold ``events`` (positions after ``expected``) in one transaction if the index is at ``expected``.
+
+        ``blobs`` are stored whatever the outcome (in the same statement in PostgreSQL: the saver sends
+        the next append's blobs with the previous append's fold). False means someone else moved the
+        index (or it lags): call ``catch_up``.
+        """
+        new = events[-1][0] if events else expected
+        cp_rows, w_rows, hides = _rows(run_id, events, docs)
+        if self._pg and expected > 0 and not hides:
+            return self._record_pg(run_id, expected, new, cp_rows, w_rows, blobs or {})
+        if blobs:
+            self.blobs.put(blobs)
+        with self.conn.cursor(transaction=True) as cur:
+            if expected == 0:
+                cur.execute(
+                    "INSERT INTO baton_lg_threads VALUES (%s, 0) ON CONFLICT (run_id) DO NOTHING",
+                    (run_id,),
+                )
+            cur.execute(
+                "UPDATE baton_lg_threads SET position = %s WHERE run_id = %s AND position = %s", (new, run_id, expected)
+            )
+            if cur.rowcount != 1:
+                return False
+            self._apply(cur, run_id, cp_rows, w_rows, hides)
+        return True
+
+    def _record_pg(
+        self,
+        run_id: str,
+        expected: int,
+        new: int,
+        cp_rows: list[tuple[Any, ...]],
+        w_rows: list[tuple[Any, ...]],
+        blobs: dict[str, bytes],
+    ) -> bool:
+        """The common fold (checkpoints, writes) as one statement: the compare-and-set feeds the inserts."""
+        ctes = ["t AS (UPDATE baton_lg_threads SET position = %s WHERE run_id = %s AND position = %s RETURNING run_id)"]
+        params: list[Any] = [new, run_id, expected]
+        if blobs:
+            ctes.append(
+                "b AS (INSERT INTO baton_blobs SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING)"
+            )
+            params += [list(blobs), list(blobs.values())]
+        if len(cp_rows) == 1:  # the common case, with scalar parameters (arrays cost client CPU to dump)
+            ctes.append(
+                f"c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT t.run_id, %s, %s, %s, %s::bigint, %s, "
+                "%s::jsonb, %s::bytea, %s FROM t ON CONFLICT (run_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+                "parent_id = excluded.parent_id, position = excluded.position, run_tag = excluded.run_tag, "
+                "metadata = excluded.metadata, document = excluded.document, digests = excluded.digests)"
+            )
+            params += cp_rows[0][1:]
+        elif cp_rows:
+            ctes.append(
+                f"c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT t.run_id, u.* FROM t, "
+                "unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::jsonb[], %s::bytea[], "
+                "%s::text[]) AS u ON CONFLICT (run_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+                "parent_id = excluded.parent_id, position = excluded.position, run_tag = excluded.run_tag, "
+                "metadata = excluded.metadata, document = excluded.document, digests = excluded.digests)"
+            )
+            params += [list(column) for column in list(zip(*cp_rows, strict=True))[1:]]
+        for name, rows, conflict in (
+            ("w", [r for r in w_rows if r[4] >= 0], "DO NOTHING"),
+            (
+                "s",
+                [r for r in w_rows if r[4] < 0],
+                "DO UPDATE SET channel = excluded.channel, kind = excluded.kind, digest = excluded.digest, "
+                "task_path = excluded.task_path, position = excluded.position",
+            ),
+        ):
+            if rows:
+                ctes.append(
+                    f"{name} AS (INSERT INTO baton_lg_writes ({_W_COLUMNS}) SELECT t.run_id, u.* FROM t, "
+                    "unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[], "
+                    "%s::text[], %s::bigint[]) AS u "
+                    f"ON CONFLICT (run_id, checkpoint_ns, checkpoint_id, task_id, idx) {conflict})"
+                )
+                params += [list(column) for column in list(zip(*rows, strict=True))[1:]]
+        with self.conn.cursor() as cur:
+            row = cur.execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM t", params).fetchone()
+        return bool(row[0])
+
+    def _apply(
+        self, cur: Any, run_id: str, cp_rows: list[tuple[Any, ...]], w_rows: list[tuple[Any, ...]], hides: list[Any]
+    ) -> None:
+        if cp_rows:
+            cur.executemany(
+                f"INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (run_id, checkpoint_ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id, "
+                "position = excluded.position, run_tag = excluded.run_tag, metadata = excluded.metadata, "
+                "document = excluded.document, digests = excluded.digests",
+                cp_rows,
+            )
+        plain = [row for row in w_rows if row[4] >= 0]
+        special = [row for row in w_rows if row[4] < 0]  # ERROR, INTERRUPT ...: the latest one wins
+        if plain:
+            cur.executemany(
+                f"INSERT INTO baton_lg_writes ({_W_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (run_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING",
+                plain,
+            )
+        if special:
+            cur.executemany(
+                f"INSERT INTO baton_lg_writes ({_W_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (run_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
+                "channel = excluded.channel, kind = excluded.kind, digest = excluded.digest, "
+                "task_path = excluded.task_path, position = excluded.position",
+                special,
+            )
+        for position, body in hides:
+            self._hide(cur, run_id, position, body)
+
+    def _hide(self, cur: Any, run_id: str, position: int, body: Any) -> None:
+        if isinstance(body, ThreadDeleted | ThreadPurged):
+            cur.execute("DELETE FROM baton_lg_checkpoints WHERE run_id = %s AND position < %s", (run_id, position))
+        elif isinstance(body, CheckpointsHidden):
+            tags = list(body.run_tags)
+            cur.execute(
+                f"DELETE FROM baton_lg_checkpoints WHERE run_id = %s AND position < %s "
+                f"AND run_tag IN ({self.conn.in_list(tags)})",
+                (run_id, position, *tags),
+            )
+        elif isinstance(body, ThreadPruned):
+            keep = (
+                ""
+                if body.strategy == "delete"
+                else " AND checkpoint_id < (SELECT max(c2.checkpoint_id) FROM baton_lg_checkpoints c2 "
+                "WHERE c2.run_id = baton_lg_checkpoints.run_id "
+                "AND c2.checkpoint_ns = baton_lg_checkpoints.checkpoint_ns)"
+            )
+            cur.execute(
+                f"DELETE FROM baton_lg_checkpoints WHERE run_id = %s AND position <= %s{keep}", (run_id, body.upto)
+            )
+        # writes go with their checkpoints
+        cur.execute(
+            "DELETE FROM baton_lg_writes WHERE run_id = %s AND position < %s AND NOT EXISTS (SELECT 1 FROM "
+            "baton_lg_checkpoints c WHERE c.run_id = baton_lg_writes.run_id AND c.checkpoint_ns = "
+            "baton_lg_writes.checkpoint_ns AND c.checkpoint_id = baton_lg_writes.checkpoint_id)",
+            (run_id, position),
+        )
+
+    def catch_up(self, run_id: str, history: Callable[[int], Iterable[RecordedEvent]]) -> None:
+        """Fold the log's events after the indexed position; ``history(after)`` reads them."""
+        for _ in range(16):  # another reader may be folding the same events: then read again
+            expected = self.position(run_id)
+            events = [(e.position, e.body) for e in history(expected)]
+            wanted = [body.document.digest for _, body in events if isinstance(body, CheckpointRecorded)]
+            if self.record(run_id, expected, events, self.blobs.get(wanted)):
+                return
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def position(self, run_id: str) -> int:
+        with self.conn.cursor() as cur:
+            row = cur.execute("SELECT position FROM baton_lg_threads WHERE run_id = %s", (run_id,)).fetchone()
+            return int(row[0]) if row else 0
+
+    def heads(self, run_id: str) -> tuple[int | None, int]:
+        """The run's head in the log (None: no such run) and how far the index has folded it."""
+        with self.conn.cursor() as cur:
+            row = cur.execute(
+                "SELECT (SELECT head FROM baton_runs WHERE run_id = %s), "
+                "(SELECT position FROM baton_lg_threads WHERE run_id = %s)",
+                (run_id, run_id),
+            ).fetchone()
+        return (None if row[0] is None else int(row[0])), int(row[1] or 0)
+
+    def lookup(self, run_id: str, ns: str, checkpoint_id: str | None) -> tuple[int | None, int, CheckpointRow | None]:
+        """Heads plus one checkpoint row (the latest of ``ns`` without an id), in one round trip."""
+        where = "c.checkpoint_id = %s" if checkpoint_id else "TRUE"
+        params: list[Any] = [run_id, run_id, run_id, ns]
+        if checkpoint_id:
+            params.append(checkpoint_id)
+        with self.conn.cursor() as cur:
+            row = cur.execute(
+                "SELECT h.head, h.indexed, c.checkpoint_id, c.parent_id, c.position, c.document FROM "
+                "(SELECT (SELECT head FROM baton_runs WHERE run_id = %s) AS head, "
+                "(SELECT position FROM baton_lg_threads WHERE run_id = %s) AS indexed) h LEFT JOIN "
+                f"(SELECT * FROM baton_lg_checkpoints c WHERE c.run_id = %s AND c.checkpoint_ns = %s AND {where} "
+                "ORDER BY c.checkpoint_id DESC LIMIT 1) c ON TRUE",
+                params,
+            ).fetchone()
+        head = None if row[0] is None else int(row[0])
+        found = None if row[2] is None else CheckpointRow(run_id, ns, row[2], row[3], int(row[4]), bytes(row[5]))
+        return head, int(row[1] or 0), found
+
+    def checkpoints(
+        self,
+        run_id: str | None,
+        *,
+        ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int | None = None,
+        oldest_first: bool = False,
+    ) -> list[CheckpointRow]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("run_id", run_id), ("checkpoint_ns", ns), ("checkpoint_id", checkpoint_id)):
+            if value is not None:
+                clauses.append(f"{column} = %s")
+                params.append(value)
+        if before is not None:
+            clauses.append("checkpoint_id < %s")
+            params.append(before)
+        for key, value in (metadata or {}).items():
+            if self._pg:
+                clauses.append("metadata @> %s::jsonb")
+                params.append(msgspec.json.encode({key: value}).decode())
+            else:
+                clauses.append("json_extract(metadata, %s) IS json_extract(%s, '$')")
+                params += ['$."' + key.replace('"', '""') + '"', msgspec.json.encode(value).decode()]
+        where = " AND ".join(clauses) or "TRUE"
+        order = "position" if oldest_first else "checkpoint_id DESC"
+        tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        with self.conn.cursor() as cur:
+            rows = cur.execute(
+                "SELECT run_id, checkpoint_ns, checkpoint_id, parent_id, position, document, run_tag "
+                f"FROM baton_lg_checkpoints WHERE {where} ORDER BY {order}{tail}",
+                params,
+            ).fetchall()
+        return [CheckpointRow(r[0], r[1], r[2], r[3], int(r[4]), bytes(r[5]), r[6]) for r in rows]
+
+    def load(
+        self, digests: Collection[str], checkpoint_ids: Collection[str]
+    ) -> tuple[dict[str, bytes], list[WriteRow]]:
+        """Channel blobs by digest and the pending writes (with their values) of these checkpoints, in one query."""
+        digests, checkpoint_ids = list(digests), list(checkpoint_ids)
+        with self.conn.cursor() as cur:
+            rows = cur.execute(
+                "SELECT 0, digest, data, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM baton_blobs "
+                f"WHERE digest IN ({self.conn.in_list(digests)}) UNION ALL "
+                "SELECT 1, w.run_id, b.data, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx, w.channel, w.kind, "
+                "w.task_path FROM baton_lg_writes w JOIN baton_blobs b ON b.digest = w.digest "
+                f"WHERE w.checkpoint_id IN ({self.conn.in_list(checkpoint_ids)})",
+                [*digests, *checkpoint_ids],
+            ).fetchall()
+        blobs: dict[str, bytes] = {}
+        writes: list[WriteRow] = []
+        for r in rows:
+            if r[0] == 0:
+                blobs[r[1]] = bytes(r[2])
+            else:
+                writes.append(WriteRow(r[1], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9], bytes(r[2])))
+        return blobs, writes
+
+    def writes_of(self, run_id: str) -> list[tuple[str, str, str, int, str, str, str, str]]:
+        """Every visible write of a run as stored (digests, not values), in position order: for copies."""
+        with self.conn.cursor() as cur:
+            rows = cur.execute(
+                "SELECT checkpoint_ns, checkpoint_id, task_id, idx, channel, kind, digest, task_path "
+                "FROM baton_lg_writes WHERE run_id = %s ORDER BY position, task_id, idx",
+                (run_id,),
+            ).fetchall()
+        return [tuple(r) for r in rows]
+
+    def runs_tagged(self, run_tags: Collection[str]) -> list[str]:
+        tags = list(run_tags)
+        with self.conn.cursor() as cur:
+            rows = cur.execute(
+                f"SELECT DISTINCT run_id FROM baton_lg_checkpoints WHERE run_tag IN ({self.conn.in_list(tags)})", tags
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def digests_in_use(self, *, except_run: str) -> set[str]:
+        """Every blob a visible checkpoint or write of another run references (a purge keeps these)."""
+        used: set[str] = set()
+        with self.conn.cursor() as cur:
+            for (digests,) in cur.execute(
+                "SELECT digests FROM baton_lg_checkpoints WHERE run_id <> %s", (except_run,)
+            ).fetchall():
+                used.update(digests.split())
+            rows = cur.execute("SELECT digest FROM baton_lg_writes WHERE run_id <> %s", (except_run,)).fetchall()
+            used.update(r[0] for r in rows)
+        return used
+
+
+def referenced_digests(document: bytes) -> list[str]:
+    doc = decode_document(document)
+    return sorted({digest for _, digest in doc.channels.values()})
+
+
+def _rows(
+    run_id: str, events: Sequence[tuple[int, Event]], docs: dict[str, bytes]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[int, Any]]]:
+    cp_rows: list[tuple[Any, ...]] = []
+    w_rows: list[tuple[Any, ...]] = []
+    hides: list[tuple[int, Any]] = []
+    for position, body in events:
+        if isinstance(body, CheckpointRecorded):
+            data = docs.get(body.document.digest)
+            if data is None:
+                continue  # purged: nothing left to show
+            doc = decode_document(data)
+            digests = " ".join([body.document.digest, *sorted({d for _, d in doc.channels.values()})])
+            cp_rows.append(
+                (
+                    run_id,
+                    body.checkpoint_ns,
+                    body.checkpoint_id,
+                    body.parent_checkpoint_id,
+                    position,
+                    body.run_tag,
+                    doc.metadata_json.decode(),
+                    data,
+                    digests,
+                )
+            )
+        elif isinstance(body, WritesRecorded):
+            for write in body.writes:
+                w_rows.append(
+                    (
+                        run_id,
+                        body.checkpoint_ns,
+                        body.checkpoint_id,
+                        body.task_id,
+                        write.idx,
+                        write.channel,
+                        write.kind,
+                        write.ref.digest,
+                        body.task_path,
+                        position,
+                    )
+                )
+        elif isinstance(body, ThreadDeleted | ThreadPurged | CheckpointsHidden | ThreadPruned):
+            hides.append((position, body))
+    return cp_rows, w_rows, hides

@@ -1,0 +1,114 @@
+"""Two LangGraph workers on one thread: the lease decides who writes, a stale worker never forks the thread.
+
+Each saver has its own ledger (own connections and cache), as two processes would; they share a
+manual clock so that lease expiry is decided by the test, not by the machine's speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+from adapters.bootstrap import init_store, open_ledger
+from adapters.clock import ManualClock
+from adapters.langgraph import BatonSaver
+from domain import errors
+from domain.events import CheckpointRecorded
+
+THREAD = "thread-1"
+TTL_MS = 10_000
+
+
+@pytest.fixture
+def savers(store_url: str) -> Iterator[tuple[Any, Any, ManualClock, str]]:
+    """Worker A's and worker B's savers on one initialised store, with one manual clock."""
+    init_store(store_url)
+    clock = ManualClock()
+    a = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS, clock=clock)
+    b = BatonSaver.from_url(store_url, worker="worker-b", ttl_ms=TTL_MS, clock=clock)
+    yield a, b, clock, store_url
+    a.close(release=False)
+    b.close(release=False)
+
+
+def _put(saver: Any, parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    config = generate_config(THREAD)
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
+    stored: dict[str, Any] = saver.put(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
+    return stored
+
+
+def _ids(saver: Any) -> list[str]:
+    return [t.config["configurable"]["checkpoint_id"] for t in saver.list(generate_config(THREAD))]
+
+
+def test_stale_writer_is_rejected_and_the_thread_is_not_forked(savers: tuple[Any, Any, ManualClock, str]) -> None:
+    """Given A wrote and its lease expired and B took over, when A writes again, then StaleEpoch and no fork."""
+    a, b, clock, url = savers
+    first = _put(a, None, 0)
+    clock.advance(ms=TTL_MS + 1)
+    second = _put(b, first, 1)  # B's first write takes the thread at epoch 2
+
+    with pytest.raises(errors.StaleEpoch) as caught:
+        _put(a, first, 1)  # A still believes it holds epoch 1 and branches from its own last checkpoint
+
+    assert (caught.value.reason, caught.value.current_epoch) == ("stale_epoch", 2)
+    assert _ids(b) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+    ledger = open_ledger(url)
+    try:
+        recorded = [(e.epoch, e.worker) for e in ledger.history(THREAD) if isinstance(e.body, CheckpointRecorded)]
+        ledger.verify(THREAD)
+    finally:
+        ledger.close()
+    assert recorded == [(1, "worker-a"), (2, "worker-b")]
+
+
+def test_a_stale_writer_does_not_take_a_freed_thread_back(savers: tuple[Any, Any, ManualClock, str]) -> None:
+    """Given A lost the thread to B and B released it, when A writes again, then StaleEpoch until A forgets."""
+    a, b, clock, _ = savers
+    first = _put(a, None, 0)
+    clock.advance(ms=TTL_MS + 1)
+    second = _put(b, first, 1)
+    with pytest.raises(errors.StaleEpoch):
+        _put(a, first, 1)
+    b.release(THREAD)
+
+    with pytest.raises(errors.StaleEpoch):
+        _put(a, first, 1)  # the thread is free, but A would branch from a checkpoint B has moved past
+    assert _ids(a) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+
+    a.forget(THREAD)  # A re-reads the thread and continues from B's checkpoint, at epoch 3
+    latest = a.get_tuple(generate_config(THREAD))
+    third = _put(a, latest.config, 2)
+    assert a.get_tuple(generate_config(THREAD)).config == third
+
+
+def test_a_second_writer_waits_while_the_lease_is_held(savers: tuple[Any, Any, ManualClock, str]) -> None:
+    """Given A holds the thread's lease, when B writes to the thread, then LeaseHeld and nothing is stored."""
+    a, b, _, _ = savers
+    first = _put(a, None, 0)
+
+    with pytest.raises(errors.LeaseHeld):
+        _put(b, first, 1)
+
+    assert _ids(a) == [first["configurable"]["checkpoint_id"]]
+
+
+def test_a_worker_resumes_the_thread_after_a_clean_stop(savers: tuple[Any, Any, ManualClock, str]) -> None:
+    """Given A wrote and released the thread, when B reads and writes, then B continues from A's checkpoint."""
+    a, b, _, _ = savers
+    first = _put(a, None, 0)
+    a.release(THREAD)
+
+    latest = b.get_tuple(generate_config(THREAD))
+    assert latest is not None
+    assert latest.checkpoint["channel_values"] == {"step": 0}
+    second = _put(b, latest.config, 1)
+
+    assert b.get_tuple(generate_config(THREAD)).parent_config["configurable"] == first["configurable"]
+    assert _ids(a) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
