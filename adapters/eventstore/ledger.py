@@ -159,13 +159,20 @@ class RunLedger(Application[str]):
 
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
         """Every event of every run in the global (notification) order, with its notification id."""
+        select_log = getattr(self.recorder, "select_log", None)
         while True:
-            batch = self.recorder.select_notifications(after, page, inclusive_of_start=False)
-            for notification in batch:
-                yield notification.id, decode_recorded(notification.topic, notification.state)
-            if len(batch) < page:
+            if select_log is not None:  # PostgreSQL: three columns as tuples
+                rows: list[tuple[int, str, bytes]] = select_log(after, page)
+            else:
+                rows = [
+                    (n.id, n.topic, n.state)
+                    for n in self.recorder.select_notifications(after, page, inclusive_of_start=False)
+                ]
+            for notification_id, topic, state in rows:
+                yield notification_id, decode_recorded(topic, state)
+            if len(rows) < page:
                 return
-            after = batch[-1].id
+            after = rows[-1][0]
 
     def state(self, run_id: str) -> RunState:
         """The run's current state: a private copy the caller may keep."""

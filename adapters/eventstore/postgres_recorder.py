@@ -10,6 +10,7 @@ that commits later. A long-open writing transaction delays readers; it never mak
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -319,6 +320,31 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 )
                 for row in curs.fetchall()
             ]
+
+    def select_log(self, after: int, limit: int) -> list[tuple[int, str, bytes]]:
+        """(notification id, topic, state) after ``after``, in notification order, below the safe bound.
+
+        What a log follower needs and nothing else: tuple rows, three columns, one prepared
+        statement (``select_notifications`` builds a library ``Notification`` per row).
+        """
+        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+            curs.execute(self.log_statement, (after, limit), prepare=True)
+            return [(row[0], row[1], bytes(row[2])) for row in curs.fetchall()]
+
+    @functools.cached_property
+    def log_statement(self) -> Composed:
+        # The limit is applied in index order first and the safe bound after it: with the bound in the
+        # same WHERE the planner cannot estimate it, bitmap-scans every row below it and sorts them
+        # (on disk for a large log) to return one page. Rows past the bound only shorten the page,
+        # which tells the follower to stop there, as it must.
+        return (
+            SQL(
+                "SELECT notification_id, topic, state FROM (SELECT notification_id, topic, state FROM {schema}.{table} "
+                "WHERE notification_id > %s ORDER BY notification_id LIMIT %s) AS page WHERE notification_id < "
+            ).format(schema=Identifier(self.datastore.schema), table=Identifier(self.events_table_name))
+            + self.safe_bound
+            + SQL(" ORDER BY notification_id")
+        )
 
     def select_runs(self) -> list[RunRow]:
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
