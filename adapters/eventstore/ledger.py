@@ -92,14 +92,7 @@ class RunLedger(Application[str]):
         """A run's events in position order, streamed (or fetched page by page) so memory stays flat."""
         stream = getattr(self.recorder, "stream_events", None)
         if stream is not None:
-            # one plain query first: a short tail (after a snapshot) costs one round trip, and only
-            # a long one opens the server-side cursor, whose transaction costs several
-            first = self.stored(run_id, after=after, upto=upto, limit=page)
-            for stored in first:
-                yield decode_recorded(stored.topic, stored.state)
-            if len(first) < page:
-                return
-            for topic, state in stream(run_id, after=first[-1].originator_version, upto=upto):
+            for topic, state in stream(run_id, after=after, upto=upto):
                 yield decode_recorded(topic, state)
             return
         while True:

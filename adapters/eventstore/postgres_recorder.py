@@ -44,6 +44,9 @@ from adapters.eventstore.fenced import (
 )
 from domain.fencing import Fence
 
+FIRST_PAGE = 128  # more than a resume ever finds behind its latest snapshot (SNAPSHOT_EVERY)
+MAX_POSITION = 2**63 - 1
+
 __all__ = ["FencedPostgresRecorder"]
 
 _FENCE_SQLSTATE = "23F01"
@@ -193,6 +196,11 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.stream_upto_statement = (
             SQL(stream + " AND originator_version <= %s ORDER BY originator_version").format(**fmt).as_string(None)
         )
+        self.first_page_statement = (
+            SQL(stream + " AND originator_version <= %s ORDER BY originator_version LIMIT %s")
+            .format(**fmt)
+            .as_string(None)
+        )
         self.safe_bound = SQL("(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 16)")
         self.max_notification_id_statement = (
             SQL("SELECT MAX(notification_id) FROM {schema}.{table} WHERE notification_id < ").format(**fmt)
@@ -272,6 +280,16 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         One query instead of a page per 1000 events, and only the two columns a fold needs; rows
         arrive 1000 at a time, so memory stays flat however long the run is.
         """
+        # a first page by plain query: a short tail (a resume after a snapshot) costs one round trip,
+        # and only a longer one opens the cursor, whose transaction costs several
+        last = MAX_POSITION if upto is None else upto
+        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+            curs.execute(self.first_page_statement, (run_id, after, last, FIRST_PAGE), prepare=True)
+            page = curs.fetchall()
+        yield from ((topic, bytes(state)) for topic, state in page)
+        if len(page) < FIRST_PAGE:
+            return
+        after += len(page)  # a run's positions are contiguous
         statement = self.stream_statement if upto is None else self.stream_upto_statement
         params = (run_id, after) if upto is None else (run_id, after, upto)
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor(name="baton_stream") as curs:
