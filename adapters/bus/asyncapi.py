@@ -1,0 +1,50 @@
+"""The AsyncAPI document of ``baton serve`` (both buses), for ``faststream docs gen``.
+
+Regenerate the committed copy with::
+
+    faststream docs gen adapters.bus.asyncapi:spec --yaml --out docs/asyncapi.yaml
+
+The brokers are built for description only: nothing connects and no ledger is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from faststream import FastStream
+from faststream.specification import AsyncAPI
+
+from adapters.bus.kafka_app import KafkaBus
+from adapters.bus.nats_app import NatsBus
+from domain.commands import Submission, Verdict
+from domain.events import RecordedEvent
+
+__all__ = ["spec"]
+
+
+class _NoLedger:
+    """Satisfies the ``Ledger`` port for building the apps; documentation never submits."""
+
+    def submit(self, submission: Submission) -> Verdict:
+        raise NotImplementedError
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        raise NotImplementedError
+
+    def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
+        raise NotImplementedError
+
+
+spec = FastStream(
+    NatsBus(_NoLedger(), "nats://localhost:4222").broker,
+    KafkaBus(_NoLedger(), "localhost:9092").broker,
+    specification=AsyncAPI(
+        title="Baton ledger service",
+        version="1",
+        description=(
+            "`baton serve`: workers submit to a run's ledger over NATS (request-reply, or durable JetStream) "
+            "or Kafka and get a verdict; committed events are relayed from the log at least once. "
+            "Payloads are the JSON of `baton schema submission|verdict|event`. See docs/operations.md."
+        ),
+    ),
+)

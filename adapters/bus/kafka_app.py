@@ -1,0 +1,232 @@
+"""``baton serve --bus kafka://...``: the ledger service on Kafka, same semantics as on NATS.
+
+* ``baton.submissions``: submissions keyed by run id (one partition per run keeps its order),
+  consumed by the consumer group ``baton-ledger``; each batch is appended in partition order and
+  its offsets are committed only after the verdicts are published, so a crash before the commit
+  redelivers and the retry answers ``duplicate``.
+* Verdicts go to the topic in the record's ``reply_to`` header (default ``baton.verdicts``),
+  keyed by run id, with the request's ``correlation_id`` header copied (Kafka has no
+  request-reply of its own: a worker matches verdicts by correlation id).
+* ``baton.events``: every committed event, at least once, relayed from the log, keyed by run id,
+  with ``Baton-Notification-Id`` / ``Baton-Position`` headers. The relay resumes after the highest
+  notification id found at the end of the topic's partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from faststream import AckPolicy, Context, FastStream
+from faststream.kafka import KafkaBroker
+from faststream.kafka.message import KafkaMessage
+
+from adapters.bus.relay import EventRelay, encode_event, event_message_id
+from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
+from adapters.bus.service import Ledger, SubmissionService
+from adapters.wire import encode_verdict
+from domain.events import RecordedEvent
+
+__all__ = ["CONSUMER_GROUP", "EVENTS_TOPIC", "SUBMISSIONS_TOPIC", "VERDICTS_TOPIC", "KafkaBus", "KafkaOptions"]
+
+log = logging.getLogger("baton.bus.kafka")
+
+CONSUMER_GROUP = "baton-ledger"
+SUBMISSIONS_TOPIC = "baton.submissions"
+VERDICTS_TOPIC = "baton.verdicts"
+EVENTS_TOPIC = "baton.events"
+
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    group: str = CONSUMER_GROUP
+    partitions: int = 4
+    max_batch: int = 64
+    linger_ms: int = 50
+    relay: bool = True
+
+
+class KafkaBus:
+    """The FastStream app (``self.app``) plus the event relay beside it."""
+
+    def __init__(self, ledger: Ledger, bootstrap: str, options: KafkaOptions | None = None) -> None:
+        self.options = options = options or KafkaOptions()
+        self.bootstrap = bootstrap
+        self.service = SubmissionService(ledger, max_batch=options.max_batch)
+        self.broker = KafkaBroker(bootstrap, log_level=logging.DEBUG)
+        self.app = FastStream(self.broker, logger=None)
+        self._sink = _KafkaSink(self)
+        self.relay = EventRelay(ledger, self._sink, wake=self.service.committed)
+        self._relay_task: asyncio.Task[None] | None = None
+        self._register()
+        self.app.on_startup(self._create_topics)
+        self.app.after_startup(self._after_startup)
+        self.app.on_shutdown(self._on_shutdown)
+
+    async def start(self) -> None:
+        await self.app.start()
+
+    async def stop(self) -> None:
+        await self.app.stop()
+
+    async def __aenter__(self) -> KafkaBus:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def _register(self) -> None:
+        broker, service, options = self.broker, self.service, self.options
+        verdicts = broker.publisher(
+            VERDICTS_TOPIC,
+            title="kafka-verdicts",
+            description="One verdict per submission (or on the topic in its reply_to header), with its correlation_id.",
+            schema=VerdictBody,
+        )
+        broker.publisher(  # documentation only: the relay publishes with the broker directly
+            EVENTS_TOPIC,
+            title="kafka-events",
+            description="Every committed event, at least once, keyed by run id; headers Baton-Notification-Id, "
+            "Baton-Run-Id, Baton-Position, Baton-Message-Id (<run_id>:<position>).",
+            schema=EventBody,
+        )
+
+        @broker.subscriber(
+            SUBMISSIONS_TOPIC,
+            group_id=options.group,
+            batch=True,
+            max_records=options.max_batch,
+            batch_timeout_ms=options.linger_ms,
+            auto_offset_reset="earliest",
+            ack_policy=AckPolicy.MANUAL,
+            no_reply=True,  # verdicts are published explicitly, per message
+            decoder=raw_body,
+            title="kafka-submit",
+            description="Submissions keyed by run id; verdicts go to the reply_to topic with the correlation_id.",
+        )
+        async def submit(bodies: list[SubmissionBody], msg: KafkaMessage = Context("message")) -> None:  # noqa: B008
+            # `bodies` only types the AsyncAPI payload; the raw records carry the keys and headers.
+            records = msg.raw_message
+            assert isinstance(records, tuple)
+            batch = [(r.value or b"", r.key.decode() if r.key else None) for r in records]
+            answers = await service.handle_ordered(batch)
+            # One send at a time: Tansu hung on produce requests that mixed topics (see _KafkaSink).
+            for record, verdict in zip(records, answers, strict=True):
+                headers = {k: v.decode() for k, v in record.headers}
+                reply_headers = {"correlation_id": headers.get("correlation_id", "")}
+                key = (verdict.run_id or "").encode()
+                topic = headers.get("reply_to") or VERDICTS_TOPIC
+                if topic == VERDICTS_TOPIC:
+                    await verdicts.publish(encode_verdict(verdict), key=key, headers=reply_headers)
+                else:
+                    await broker.publish(encode_verdict(verdict), topic, key=key, headers=reply_headers)
+            await msg.ack()
+
+    async def _create_topics(self) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            wanted = [
+                NewTopic(topic, num_partitions=self.options.partitions, replication_factor=1)
+                for topic in (SUBMISSIONS_TOPIC, VERDICTS_TOPIC, EVENTS_TOPIC)
+                if topic not in existing
+            ]
+            if wanted:
+                with contextlib.suppress(TopicAlreadyExistsError):  # another process created them first
+                    await admin.create_topics(wanted)
+        finally:
+            await admin.close()
+
+    async def _after_startup(self) -> None:
+        await self.service.start()
+        if self.options.relay:
+            self._relay_task = asyncio.create_task(self.relay.run(), name="baton-event-relay")
+
+    async def _on_shutdown(self) -> None:
+        task, self._relay_task = self._relay_task, None
+        if task is not None:
+            self.relay.stop()
+            done, _ = await asyncio.wait({task}, timeout=10)
+            if not done:  # stuck in a publish: cancel it
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._sink.close()
+        await self.service.stop()
+
+
+class _KafkaSink:
+    """Publishes events keyed by run id; its position is the highest notification id at the topic's end.
+
+    Kafka has no conditional append, so two relays may both publish an event: consumers dedupe by
+    the record key plus ``Baton-Position`` (run one relay per cluster: ``baton serve --no-relay``).
+    """
+
+    def __init__(self, bus: KafkaBus) -> None:
+        self.bus = bus
+        self._producer: AIOKafkaProducer | None = None
+
+    async def last_position(self) -> int:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bus.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
+        )
+        await consumer.start()
+        try:
+            await consumer.topics()  # fetches the cluster metadata
+            ids = consumer.partitions_for_topic(EVENTS_TOPIC) or set()
+            tps = [TopicPartition(EVENTS_TOPIC, p) for p in sorted(ids)]
+            if not tps:
+                return 0
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            pending = {tp for tp, end in ends.items() if end > 0}
+            for tp in pending:
+                consumer.seek(tp, ends[tp] - 1)
+            best = 0
+            deadline = asyncio.get_running_loop().time() + 30
+            while pending and asyncio.get_running_loop().time() < deadline:
+                batches = await consumer.getmany(*pending, timeout_ms=500)
+                for tp, records in batches.items():
+                    for record in records:
+                        headers = {k: v.decode() for k, v in record.headers}
+                        best = max(best, int(headers.get("Baton-Notification-Id", "0")))
+                    if records and records[-1].offset >= ends[tp] - 1:
+                        pending.discard(tp)
+            if pending:
+                raise TimeoutError(f"could not read the end of {EVENTS_TOPIC}: {sorted(pending)}")
+            return best
+        finally:
+            await consumer.stop()
+
+    async def publish(self, events: list[tuple[int, RecordedEvent]], after: int) -> bool:
+        # Its own producer, one record at a time: with Tansu, produce requests that mixed the relay's
+        # records with verdicts hung until the producer's 40 s timeout.
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(bootstrap_servers=self.bus.bootstrap, acks="all")
+            await self._producer.start()
+        for notification_id, event in events:
+            headers = {
+                "Baton-Message-Id": event_message_id(event),
+                "Baton-Notification-Id": str(notification_id),
+                "Baton-Run-Id": event.run_id,
+                "Baton-Position": str(event.position),
+            }
+            await self._producer.send_and_wait(
+                EVENTS_TOPIC,
+                encode_event(event),
+                key=event.run_id.encode(),
+                headers=[(k, v.encode()) for k, v in headers.items()],
+            )
+        return True
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()

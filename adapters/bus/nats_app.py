@@ -1,0 +1,265 @@
+"""``baton serve --bus nats://...``: the ledger service on NATS.
+
+* ``baton.runs.<run_id>.submit``: core request-reply, served by the queue group ``baton-ledger``;
+  the reply is the verdict JSON (the same line ``baton submit`` prints).
+* ``baton.submissions.<run_id>`` on the JetStream stream ``BATON_SUBMISSIONS``: durable
+  fire-and-forget submissions (``Nats-Msg-Id`` = submission id, so the server drops a duplicate
+  publish inside its window; the ledger's submission ids catch any later one). The verdict is
+  published to the subject in the ``Baton-Reply-To`` header, then the message is acknowledged: a
+  service killed before the ack gets the message redelivered, and the retry answers ``duplicate``.
+  One batch is in flight across the whole queue group (``max_ack_pending`` = batch size), so each
+  run's submissions are appended in stream order.
+* ``baton.events.<run_id>`` on ``BATON_EVENTS``: every committed event, at least once, relayed
+  from the log (``relay.py``) with ``Nats-Msg-Id`` = ``<run_id>:<position>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from faststream import AckPolicy, Context, FastStream
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.message import NatsBatchMessage
+from nats.js import api as js_api
+from nats.js.errors import APIError, NotFoundError
+
+from adapters.bus.relay import EventRelay, encode_event, event_message_id
+from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
+from adapters.bus.service import Ledger, SubmissionService
+from adapters.wire import encode_verdict
+from domain.events import RecordedEvent
+
+__all__ = [
+    "EVENTS_STREAM",
+    "QUEUE_GROUP",
+    "REPLY_HEADER",
+    "SUBMISSIONS_STREAM",
+    "NatsBus",
+    "NatsOptions",
+    "durable_subject",
+    "events_subject",
+    "submit_subject",
+]
+
+log = logging.getLogger("baton.bus.nats")
+
+QUEUE_GROUP = "baton-ledger"
+SUBMISSIONS_STREAM = "BATON_SUBMISSIONS"
+EVENTS_STREAM = "BATON_EVENTS"
+REPLY_HEADER = "Baton-Reply-To"
+_ACK_TIMEOUT = 10.0
+_SUBMIT = "baton.runs.{run_id}.submit"
+_DURABLE = "baton.submissions.{run_id}"
+_EVENTS = "baton.events.{run_id}"
+
+
+def submit_subject(run_id: str) -> str:
+    """Core request-reply subject of a run (a run id must be a valid subject token: no ``.*>`` or spaces)."""
+    return _SUBMIT.format(run_id=run_id)
+
+
+def durable_subject(run_id: str) -> str:
+    return _DURABLE.format(run_id=run_id)
+
+
+def events_subject(run_id: str) -> str:
+    return _EVENTS.format(run_id=run_id)
+
+
+@dataclass(frozen=True)
+class NatsOptions:
+    queue: str = QUEUE_GROUP
+    max_workers: int = 64  # concurrent request-reply handlers per process (they wait on group commit)
+    max_batch: int = 64  # submissions per store transaction
+    group_commit: bool = True
+    durable_batch: int = 64
+    durable_linger: float = 0.05  # seconds a durable batch waits to fill up
+    ack_wait: float = 30.0  # seconds before an unacknowledged durable submission is redelivered
+    relay: bool = True
+    # Test seam: awaited after the verdicts of a durable batch are sent and before the ack.
+    before_ack: Callable[[], Awaitable[None]] | None = None
+
+
+class NatsBus:
+    """The FastStream app (``self.app``) plus what runs beside it: group commit and the event relay."""
+
+    def __init__(self, ledger: Ledger, url: str, options: NatsOptions | None = None) -> None:
+        self.options = options = options or NatsOptions()
+        self.service = SubmissionService(ledger, max_batch=options.max_batch, group_commit=options.group_commit)
+        self.broker = NatsBroker(url, log_level=logging.DEBUG)
+        self.app = FastStream(self.broker, logger=None)
+        self.relay = EventRelay(ledger, _JetStreamSink(self), wake=self.service.committed)
+        self._relay_task: asyncio.Task[None] | None = None
+        self._register()
+        self.app.on_startup(self._declare_streams)
+        self.app.after_startup(self._after_startup)
+        self.app.on_shutdown(self._on_shutdown)
+
+    async def start(self) -> None:
+        await self.app.start()
+
+    async def stop(self) -> None:
+        await self.app.stop()
+
+    async def __aenter__(self) -> NatsBus:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def _register(self) -> None:
+        broker, service, options = self.broker, self.service, self.options
+        # Documentation only: the relay and the durable path publish with the raw client.
+        broker.publisher(
+            events_subject("{run_id}"),
+            title="nats-events",
+            description=f"Every committed event, at least once, on the JetStream stream {EVENTS_STREAM}; "
+            "Nats-Msg-Id is <run_id>:<position>, headers Baton-Notification-Id, Baton-Run-Id, Baton-Position.",
+            schema=EventBody,
+        )
+        broker.publisher(
+            "{Baton-Reply-To}",
+            title="nats-durable-verdicts",
+            description="The verdict of a durable submission, on the subject its Baton-Reply-To header names.",
+            schema=VerdictBody,
+        )
+
+        @broker.subscriber(
+            submit_subject("*"),
+            queue=options.queue,
+            max_workers=options.max_workers,
+            decoder=raw_body,
+            title="nats-submit",
+            description="A submission (request); the reply is its verdict. Same JSON as `baton submit`.",
+        )
+        async def submit(body: SubmissionBody) -> bytes:
+            # Read the message from the context directly: a Context() parameter costs two thread hops.
+            msg = broker.context.get_local("message")
+            verdict = await service.handle(body, run_id=msg.raw_message.subject.split(".")[2])
+            return encode_verdict(verdict)
+
+        @broker.subscriber(
+            durable_subject("*"),
+            stream=JStream(SUBMISSIONS_STREAM, declare=False),
+            durable=options.queue,
+            pull_sub=PullSub(batch_size=options.durable_batch, timeout=options.durable_linger, batch=True),
+            config=ConsumerConfig(
+                max_ack_pending=options.durable_batch,
+                ack_wait=options.ack_wait,
+                deliver_policy=js_api.DeliverPolicy.ALL,
+            ),
+            ack_policy=AckPolicy.MANUAL,
+            no_reply=True,  # verdicts are published explicitly, per message
+            decoder=raw_body,
+            title="nats-submit-durable",
+            description="Fire-and-forget submissions; the verdict goes to the subject in the Baton-Reply-To header.",
+        )
+        async def submit_durable(bodies: list[SubmissionBody], msg: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
+            # `bodies` only types the AsyncAPI payload; the raw messages carry the subjects and headers.
+            raws = msg.raw_message
+            verdicts = await service.handle_ordered([(m.data, m.subject.split(".", 2)[2]) for m in raws])
+            nc = broker.connection
+            for raw, verdict in zip(raws, verdicts, strict=True):
+                reply = (raw.headers or {}).get(REPLY_HEADER)
+                if reply:
+                    await nc.publish(reply, encode_verdict(verdict))
+            if options.before_ack is not None:
+                await options.before_ack()
+            for raw in raws:
+                await raw.ack()
+
+    async def _declare_streams(self) -> None:
+        await self.broker.connect()
+        js = self.broker.connection.jetstream()
+        await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"))
+        await _ensure_stream(js, EVENTS_STREAM, events_subject(">"))
+
+    async def _after_startup(self) -> None:
+        await self.service.start()
+        if self.options.relay:
+            self._relay_task = asyncio.create_task(self.relay.run(), name="baton-event-relay")
+
+    async def _on_shutdown(self) -> None:
+        task, self._relay_task = self._relay_task, None
+        if task is not None:
+            self.relay.stop()
+            done, _ = await asyncio.wait({task}, timeout=10)
+            if not done:  # stuck in a publish: cancel it
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.service.stop()
+
+
+async def _ensure_stream(js: Any, name: str, subjects: str) -> None:
+    """Create the stream if missing; check it exists (FastStream only logs stream errors)."""
+    try:
+        await js.stream_info(name)
+    except NotFoundError:
+        await js.add_stream(name=name, subjects=[subjects], storage=js_api.StorageType.FILE)
+    await js.stream_info(name)
+
+
+class _JetStreamSink:
+    """The events stream is its own tracking position: its last message names the last event relayed.
+
+    Each publish carries ``Nats-Expected-Last-Sequence``, so two relays (two ``baton serve``
+    processes) never interleave: the one that loses a race is refused and resynchronises.
+    """
+
+    def __init__(self, bus: NatsBus) -> None:
+        self.bus = bus
+        self._last_seq = 0
+
+    async def last_position(self) -> int:
+        js = self.bus.broker.connection.jetstream()
+        info = await js.stream_info(EVENTS_STREAM)
+        self._last_seq = info.state.last_seq
+        if not self._last_seq:
+            return 0
+        try:
+            last = await js.get_msg(EVENTS_STREAM, seq=self._last_seq)
+        except NotFoundError:
+            log.warning("the last message of %s is gone; relaying from the start", EVENTS_STREAM)
+            return 0
+        return int((last.headers or {}).get("Baton-Notification-Id", 0))
+
+    async def publish(self, events: list[tuple[int, RecordedEvent]], after: int) -> bool:
+        js = self.bus.broker.connection.jetstream()
+        futures = [
+            await js.publish_async(
+                events_subject(event.run_id),
+                encode_event(event),
+                stream=EVENTS_STREAM,
+                headers={
+                    "Nats-Msg-Id": event_message_id(event),
+                    "Nats-Expected-Last-Sequence": str(self._last_seq + i),
+                    "Baton-Notification-Id": str(notification_id),
+                    "Baton-Run-Id": event.run_id,
+                    "Baton-Position": str(event.position),
+                },
+            )
+            for i, (notification_id, event) in enumerate(events)
+        ]
+        ok = True
+        for future in futures:
+            try:
+                async with asyncio.timeout(_ACK_TIMEOUT):
+                    ack = await future
+            except APIError as exc:  # wrong last sequence: another relay published first
+                log.info("event relay resynchronising: %s", exc)
+                ok = False
+                continue
+            except TimeoutError:  # a lost ack must not stall the relay: resynchronise from the stream
+                log.warning("event relay: no publish ack after %s s; resynchronising", _ACK_TIMEOUT)
+                ok = False
+                continue
+            if ok and not ack.duplicate:
+                self._last_seq = ack.seq
+        return ok

