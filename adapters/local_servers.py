@@ -8,6 +8,7 @@ parallel sessions never fight over fixed TCP ports.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -160,7 +161,7 @@ def _accepts(port: int) -> bool:
     return False
 
 
-class _LocalProcess:
+class _LocalProcess(abc.ABC):
     """A server binary in a temp dir: start, wait until ready, stop (also when start fails)."""
 
     prefix = "baton-srv-"
@@ -184,8 +185,9 @@ class _LocalProcess:
             raise RuntimeError(f"{type(self).__name__} is not running")
         return self._root
 
+    @abc.abstractmethod
     def _command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line (the port it listens on is read back once it runs)."""
 
     def _ready(self) -> bool:
         return self.port != 0 and _accepts(self.port)

@@ -17,22 +17,26 @@ from faststream.specification import AsyncAPI
 from adapters.bus.kafka_app import KafkaBus
 from adapters.bus.nats_app import NatsBus
 from domain.commands import Submission, Verdict
+from domain.errors import StoreUnavailable
 from domain.events import RecordedEvent
 
 __all__ = ["spec"]
+
+
+_NO_STORE = "the AsyncAPI document is built without a store: nothing can be submitted through it"
 
 
 class _NoLedger:
     """Satisfies the ``Ledger`` port for building the apps; documentation never submits."""
 
     def submit(self, submission: Submission) -> Verdict:
-        raise NotImplementedError
+        raise StoreUnavailable(_NO_STORE)
 
     def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
-        raise NotImplementedError
+        raise StoreUnavailable(_NO_STORE)
 
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
-        raise NotImplementedError
+        raise StoreUnavailable(_NO_STORE)
 
 
 spec = FastStream(

@@ -26,6 +26,7 @@ from faststream import AckPolicy, Context, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.message import KafkaMessage
 
+from adapters.bus.lifecycle import BusLifecycle
 from adapters.bus.relay import EventRelay, encode_event, event_message_id
 from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
 from adapters.bus.service import Ledger, SubmissionService
@@ -51,7 +52,7 @@ class KafkaOptions:
     relay: bool = True
 
 
-class KafkaBus:
+class KafkaBus(BusLifecycle):
     """The FastStream app (``self.app``) plus the event relay beside it."""
 
     def __init__(self, ledger: Ledger, bootstrap: str, options: KafkaOptions | None = None) -> None:
@@ -67,19 +68,6 @@ class KafkaBus:
         self.app.on_startup(self._create_topics)
         self.app.after_startup(self._after_startup)
         self.app.on_shutdown(self._on_shutdown)
-
-    async def start(self) -> None:
-        await self.app.start()
-
-    async def stop(self) -> None:
-        await self.app.stop()
-
-    async def __aenter__(self) -> KafkaBus:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
     def _register(self) -> None:
         broker, service, options = self.broker, self.service, self.options

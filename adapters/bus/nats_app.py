@@ -28,6 +28,7 @@ from faststream.nats.message import NatsBatchMessage
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
+from adapters.bus.lifecycle import BusLifecycle
 from adapters.bus.relay import EventRelay, encode_event, event_message_id
 from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
 from adapters.bus.service import Ledger, SubmissionService
@@ -85,7 +86,7 @@ class NatsOptions:
     before_ack: Callable[[], Awaitable[None]] | None = None
 
 
-class NatsBus:
+class NatsBus(BusLifecycle):
     """The FastStream app (``self.app``) plus what runs beside it: group commit and the event relay."""
 
     def __init__(self, ledger: Ledger, url: str, options: NatsOptions | None = None) -> None:
@@ -99,19 +100,6 @@ class NatsBus:
         self.app.on_startup(self._declare_streams)
         self.app.after_startup(self._after_startup)
         self.app.on_shutdown(self._on_shutdown)
-
-    async def start(self) -> None:
-        await self.app.start()
-
-    async def stop(self) -> None:
-        await self.app.stop()
-
-    async def __aenter__(self) -> NatsBus:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
     def _register(self) -> None:
         broker, service, options = self.broker, self.service, self.options
