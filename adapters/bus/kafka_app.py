@@ -55,6 +55,8 @@ class KafkaOptions:
 class KafkaBus(BusLifecycle):
     """The FastStream app (``self.app``) plus the event relay beside it."""
 
+    options: KafkaOptions
+
     def __init__(self, ledger: Ledger, bootstrap: str, options: KafkaOptions | None = None) -> None:
         self.options = options = options or KafkaOptions()
         self.bootstrap = bootstrap
@@ -132,22 +134,8 @@ class KafkaBus(BusLifecycle):
         finally:
             await admin.close()
 
-    async def _after_startup(self) -> None:
-        await self.service.start()
-        if self.options.relay:
-            self._relay_task = asyncio.create_task(self.relay.run(), name="baton-event-relay")
-
-    async def _on_shutdown(self) -> None:
-        task, self._relay_task = self._relay_task, None
-        if task is not None:
-            self.relay.stop()
-            done, _ = await asyncio.wait({task}, timeout=10)
-            if not done:  # stuck in a publish: cancel it
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    async def _close_publishers(self) -> None:
         await self._sink.close()
-        await self.service.stop()
 
 
 class _KafkaSink:

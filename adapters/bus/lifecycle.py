@@ -1,18 +1,31 @@
-"""Starting and stopping a bus app: the same for NATS and Kafka."""
+"""Starting and stopping a bus app, and what runs beside it: the same for NATS and Kafka."""
 
 from __future__ import annotations
 
-from typing import Self
+import asyncio
+import contextlib
+from typing import Any, Self
 
 from faststream import FastStream
+
+from adapters.bus.relay import EventRelay
+from adapters.bus.service import SubmissionService
 
 __all__ = ["BusLifecycle"]
 
 
 class BusLifecycle:
-    """Start and stop the FastStream app in ``self.app``, also as an async context manager."""
+    """The FastStream app in ``self.app``, the group-commit service and the event relay beside it.
+
+    Subclasses build ``app``, ``service``, ``relay`` and ``options`` (with a ``relay`` flag) and
+    register ``_after_startup`` / ``_on_shutdown`` as the app's hooks.
+    """
 
     app: FastStream
+    service: SubmissionService
+    relay: EventRelay
+    options: Any
+    _relay_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.app.start()
@@ -26,3 +39,23 @@ class BusLifecycle:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    async def _after_startup(self) -> None:
+        await self.service.start()
+        if self.options.relay:
+            self._relay_task = asyncio.create_task(self.relay.run(), name="baton-event-relay")
+
+    async def _on_shutdown(self) -> None:
+        task, self._relay_task = self._relay_task, None
+        if task is not None:
+            self.relay.stop()
+            done, _ = await asyncio.wait({task}, timeout=10)
+            if not done:  # stuck in a publish: cancel it
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._close_publishers()
+        await self.service.stop()
+
+    async def _close_publishers(self) -> None:
+        """Close what the relay publishes through, when the bus keeps its own producer."""

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,6 +87,8 @@ class NatsOptions:
 
 class NatsBus(BusLifecycle):
     """The FastStream app (``self.app``) plus what runs beside it: group commit and the event relay."""
+
+    options: NatsOptions
 
     def __init__(self, ledger: Ledger, url: str, options: NatsOptions | None = None) -> None:
         self.options = options = options or NatsOptions()
@@ -167,22 +168,6 @@ class NatsBus(BusLifecycle):
         js = self.broker.connection.jetstream()
         await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"))
         await _ensure_stream(js, EVENTS_STREAM, events_subject(">"))
-
-    async def _after_startup(self) -> None:
-        await self.service.start()
-        if self.options.relay:
-            self._relay_task = asyncio.create_task(self.relay.run(), name="baton-event-relay")
-
-    async def _on_shutdown(self) -> None:
-        task, self._relay_task = self._relay_task, None
-        if task is not None:
-            self.relay.stop()
-            done, _ = await asyncio.wait({task}, timeout=10)
-            if not done:  # stuck in a publish: cancel it
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self.service.stop()
 
 
 async def _ensure_stream(js: Any, name: str, subjects: str) -> None:
