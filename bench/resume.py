@@ -26,7 +26,7 @@ c) **memory of one resume**, each in a fresh interpreter (subprocess): growth of
    the RSS before the resume, the RSS still held afterwards (the fold alive), and tracemalloc's
    peak of Python allocations (runs up to ``--tracemalloc-upto`` events: tracemalloc slows a
    resume 4-5x);
-d) **the same-run raw baseline**, alternating with (a): psycopg server-side cursor (``itersize``
+d) **the same-run raw baseline**, alternating with (a): psycopg server-side cursor (binary results, ``itersize``
    1000; sqlite3 on SQLite) over ``SELECT state FROM <events> WHERE originator_id = ... ORDER BY
    originator_version``, ``msgspec.json.Decoder(RecordedEvent)`` typed decode, ``domain.state.apply``
    into one ``RunState``, each event dropped after it is folded;
@@ -261,7 +261,8 @@ class Raw:
     def states(self, sql: str, params: Sequence[Any]) -> Iterator[bytes]:
         """Stored envelopes streamed: a server-side cursor (PostgreSQL) or sqlite3's stepping cursor."""
         if self.pg is not None:
-            with self.pg.cursor(name=f"c{uuid.uuid4().hex[:8]}") as cur:
+            # binary results, as Baton's own reads use: bytea arrives as bytes, not hex to decode
+            with self.pg.cursor(name=f"c{uuid.uuid4().hex[:8]}", binary=True) as cur:
                 cur.itersize = ITERSIZE
                 cur.execute(sql, params)
                 for (state,) in cur:

@@ -102,6 +102,12 @@ class NatsBus(BusLifecycle):
         self.app.after_startup(self._after_startup)
         self.app.on_shutdown(self._on_shutdown)
 
+    async def start(self) -> None:
+        await super().start()
+        # a PING/PONG round trip: the server has processed every SUB of this connection, so a
+        # request sent from another connection right after start() finds its responders
+        await self.broker.connection.flush()
+
     def _register(self) -> None:
         broker, service, options = self.broker, self.service, self.options
         # Documentation only: the relay and the durable path publish with the raw client.

@@ -283,20 +283,24 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         # a first page by plain query: a short tail (a resume after a snapshot) costs one round trip,
         # and only a longer one opens the cursor, whose transaction costs several
         last = MAX_POSITION if upto is None else upto
-        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row, binary=True) as curs:
             curs.execute(self.first_page_statement, (run_id, after, last, FIRST_PAGE), prepare=True)
             page = curs.fetchall()
-        yield from ((topic, bytes(state)) for topic, state in page)
+        yield from page  # binary results: bytea arrives as bytes
         if len(page) < FIRST_PAGE:
             return
         after += len(page)  # a run's positions are contiguous
         statement = self.stream_statement if upto is None else self.stream_upto_statement
         params = (run_id, after) if upto is None else (run_id, after, upto)
-        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor(name="baton_stream") as curs:
+        with (
+            self.datastore.get_connection() as conn,
+            conn.transaction(),
+            conn.cursor(name="baton_stream", binary=True) as curs,
+        ):
             curs.itersize = 1000
             curs.execute(statement, params)
             for row in curs:
-                yield row["topic"], bytes(row["state"])
+                yield row["topic"], row["state"]
 
     def select_notifications(
         self,
@@ -345,9 +349,9 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         What a log follower needs and nothing else: tuple rows, three columns, one prepared
         statement (``select_notifications`` builds a library ``Notification`` per row).
         """
-        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row, binary=True) as curs:
             curs.execute(self.log_statement, (after, limit), prepare=True)
-            return [(row[0], row[1], bytes(row[2])) for row in curs.fetchall()]
+            return curs.fetchall()  # binary results: bytea arrives as bytes, not hex to decode
 
     @functools.cached_property
     def log_statement(self) -> Composed:
