@@ -44,7 +44,7 @@ from adapters.eventstore.fenced import (
 )
 from domain.fencing import Fence
 
-FIRST_PAGE = 128  # more than a resume ever finds behind its latest snapshot (SNAPSHOT_EVERY)
+PAGE = 1000  # rows per page of a run's history (a resume finds fewer than 100 behind its snapshot)
 MAX_POSITION = 2**63 - 1
 
 __all__ = ["FencedPostgresRecorder"]
@@ -191,13 +191,11 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.select_run_statement = (
             SQL("SELECT head, epoch, holder FROM {schema}.baton_runs WHERE run_id = %s").format(**fmt).as_string(None)
         )
-        stream = "SELECT topic, state FROM {schema}.{table} WHERE originator_id = %s AND originator_version > %s"
-        self.stream_statement = SQL(stream + " ORDER BY originator_version").format(**fmt).as_string(None)
-        self.stream_upto_statement = (
-            SQL(stream + " AND originator_version <= %s ORDER BY originator_version").format(**fmt).as_string(None)
-        )
-        self.first_page_statement = (
-            SQL(stream + " AND originator_version <= %s ORDER BY originator_version LIMIT %s")
+        self.page_statement = (
+            SQL(
+                "SELECT topic, state FROM {schema}.{table} WHERE originator_id = %s AND originator_version > %s "
+                "AND originator_version <= %s ORDER BY originator_version LIMIT %s"
+            )
             .format(**fmt)
             .as_string(None)
         )
@@ -275,32 +273,21 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         raise FenceViolation(fence.run_id, current[0], current[1], current[2])
 
     def stream_events(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[tuple[str, bytes]]:
-        """(topic, state) of a run's events in position order through one server-side cursor.
+        """(topic, state) of a run's events in position order, a page of 1000 at a time.
 
-        One query instead of a page per 1000 events, and only the two columns a fold needs; rows
-        arrive 1000 at a time, so memory stays flat however long the run is.
+        Keyset pages by plain prepared query, binary results, on one connection: a short tail (a
+        resume after a snapshot) is one round trip, and a long run costs one per page, fewer than
+        a server-side cursor's transaction, declare, fetches and close. Memory stays flat.
         """
-        # a first page by plain query: a short tail (a resume after a snapshot) costs one round trip,
-        # and only a longer one opens the cursor, whose transaction costs several
         last = MAX_POSITION if upto is None else upto
         with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row, binary=True) as curs:
-            curs.execute(self.first_page_statement, (run_id, after, last, FIRST_PAGE), prepare=True)
-            page = curs.fetchall()
-        yield from page  # binary results: bytea arrives as bytes
-        if len(page) < FIRST_PAGE:
-            return
-        after += len(page)  # a run's positions are contiguous
-        statement = self.stream_statement if upto is None else self.stream_upto_statement
-        params = (run_id, after) if upto is None else (run_id, after, upto)
-        with (
-            self.datastore.get_connection() as conn,
-            conn.transaction(),
-            conn.cursor(name="baton_stream", binary=True) as curs,
-        ):
-            curs.itersize = 1000
-            curs.execute(statement, params)
-            for row in curs:
-                yield row["topic"], row["state"]
+            while True:
+                curs.execute(self.page_statement, (run_id, after, last, PAGE), prepare=True)
+                page = curs.fetchall()
+                yield from page  # binary results: bytea arrives as bytes
+                if len(page) < PAGE:
+                    return
+                after += len(page)  # a run's positions are contiguous
 
     def select_notifications(
         self,
