@@ -68,7 +68,8 @@ class StoreSettings(BaseModel):
             "POSTGRES_PORT": str(parts.port or query.get("port") or 5432),
             "POSTGRES_USER": unquote(parts.username or query.get("user") or "postgres"),
             "POSTGRES_PASSWORD": unquote(parts.password or query.get("password") or ""),
-            "POSTGRES_POOL_SIZE": query.get("pool_size", "4"),
-            "POSTGRES_MAX_OVERFLOW": query.get("max_overflow", "4"),
+            # one connection opened up front (a cold start connects once), grown on demand to eight
+            "POSTGRES_POOL_SIZE": query.get("pool_size", "1"),
+            "POSTGRES_MAX_OVERFLOW": query.get("max_overflow", "7"),
         }
         return env

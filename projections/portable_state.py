@@ -33,7 +33,7 @@ from projections.replay import ReplayFold, ReplayWindow
 __all__ = ["PortableState", "PortableStateFold", "ResumeState", "fresh_resume_state", "portable_state"]
 
 _CHECKPOINT_PREFIX = b"baton.checkpoint.v1\x00"
-_MANIFEST_PREFIX = b"baton.observation-manifest.v1\x00"
+_MANIFEST_PREFIX = b"baton.observation-manifest.v2\x00"
 _LEDGER_PREFIX = b"baton.operation-ledger.v2\x00"
 _BUDGET_PREFIX = b"baton.budget-ledger.v1\x00"
 _AUTHORITY_PREFIX = b"baton.authority-context.v1\x00"
@@ -91,9 +91,10 @@ class PortableStateFold:
         if kind is IntentRecorded or kind is ObservationRecorded or kind is IntentReconciled:
             if kind is IntentRecorded:
                 state.tool_contracts.add(body.tool_contract)  # type: ignore[union-attr]
-            # a running digest over the operation events' digests, O(1) per event and order-sensitive:
-            # it commits to every intent, outcome and reconciliation (their evidence) in log order
-            state.manifest = digest_of(_MANIFEST_PREFIX, state.manifest.encode() + event.digest.encode())
+            # the latest operation event's position and digest: its digest chains to every event
+            # before it, so it commits to every intent, outcome and reconciliation (their evidence)
+            # in log order; hashed once, when a snapshot is taken, not once per event
+            state.manifest = f"{event.position}:{event.digest}"
         elif isinstance(body, RunOpened):
             state.task_ref, state.task_digest = body.task_ref, body.task_ref.digest
         elif isinstance(body, TransitionRecorded | CheckpointSealed):
@@ -114,8 +115,8 @@ class PortableStateFold:
 
     def snapshot(self) -> PortableState:
         run = self.run
-        authority = [run.epoch, run.holder, sorted(run.grants.items())]
-        manifest = self.state.manifest or digest_of(_MANIFEST_PREFIX, b"")  # grants are references, never secrets
+        authority = [run.epoch, run.holder, sorted(run.grants.items())]  # grants are references, never secrets
+        manifest = digest_of(_MANIFEST_PREFIX, self.state.manifest.encode())
         draft = PortableState(
             run_id=run.run_id,
             position=run.version,

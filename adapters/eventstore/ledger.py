@@ -48,7 +48,7 @@ _SUBMISSION_PREFIX = b"baton.submission.v1\x00"
 _UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race is re-decided, not called stale
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
-_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v2"
+_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v3"
 SNAPSHOT_EVERY = 100  # snapshots are ~1 KiB: a resume never folds more than 99 events past one
 
 
