@@ -20,6 +20,7 @@ from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
 from adapters.bootstrap import init_store, open_ledger, open_views
+from adapters.cli_args import add_placement_arguments, placement_from
 from adapters.cli_audit import add_audit_parsers
 from adapters.cli_handoff import add_handoff_parsers
 from adapters.cli_purge import add_purge_parser
@@ -31,7 +32,7 @@ from domain.budgets import COUNTERS
 from domain.canonical import short
 from domain.commands import Submission, Verdict
 from domain.errors import BatonError, ChainBroken, StoreUnavailable
-from domain.events import Placement, RecordedEvent
+from domain.events import RecordedEvent
 from projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
 from projections.resumability import summary_of
 
@@ -160,14 +161,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if fold.run.version == 0:
         print(f"no events for run {args.run_id!r}", file=sys.stderr)
         return 1
-    target = Placement(
-        args.worker,
-        model=args.model or "",
-        provider=args.provider or "",
-        region=args.region or "",
-        capabilities=tuple(args.capability or ()),
-        tool_contracts=tuple(args.tool_contract or ()),
-    )
+    target = placement_from(args, args.worker)
     summary = summary_of(fold)
     verdict = classify(summary, target, ledger.clock.now())
     checkpoint = fold.snapshot()
@@ -301,11 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", parents=[store], help="what resuming a run on a target placement needs")
     resume.add_argument("run_id")
     resume.add_argument("--worker", required=True)
-    resume.add_argument("--model")
-    resume.add_argument("--provider")
-    resume.add_argument("--region")
-    resume.add_argument("--capability", action="append")
-    resume.add_argument("--tool-contract", action="append", help="name@version the target honours (repeat)")
+    add_placement_arguments(resume)
     resume.add_argument("--json", action="store_true")
     resume.add_argument("--no-snapshots", action="store_true", help="fold the whole history (audit, benchmarks)")
     resume.set_defaults(func=cmd_resume)

@@ -18,8 +18,8 @@ import msgspec
 
 from adapters import handoff
 from adapters.bootstrap import open_ledger
+from adapters.cli_args import add_placement_arguments, placement_from
 from domain.commands import Verdict
-from domain.events import Placement
 
 __all__ = ["add_handoff_parsers"]
 
@@ -28,14 +28,7 @@ _json = msgspec.json.Encoder()
 
 def cmd_export(args: argparse.Namespace) -> int:
     state: dict[str, Any] = json.loads(Path(args.state).read_text(encoding="utf-8"))
-    destination = Placement(
-        args.to,
-        model=args.model or "",
-        provider=args.provider or "",
-        region=args.region or "",
-        capabilities=tuple(args.capability or ()),
-        tool_contracts=tuple(args.tool_contract or ()),
-    )
+    destination = placement_from(args, args.to)
     ledger = open_ledger(args.store, one_shot=True)
     try:
         prepared = handoff.prepare(
@@ -100,11 +93,7 @@ def add_handoff_parsers(sub: Any, store: argparse.ArgumentParser) -> None:
     export.add_argument("--to", required=True, metavar="WORKER", help="the destination worker")
     export.add_argument("--state", required=True, metavar="FILE", help="the task state the last checkpoint sealed")
     export.add_argument("--to-version", type=int, default=None, help="migrate the state to this schema version")
-    export.add_argument("--model")
-    export.add_argument("--provider")
-    export.add_argument("--region")
-    export.add_argument("--capability", action="append")
-    export.add_argument("--tool-contract", action="append")
+    add_placement_arguments(export)
     export.add_argument("--ttl-ms", type=int, default=30_000, help="the destination's first lease")
     export.set_defaults(func=cmd_export)
     imported = actions.add_parser("import", parents=[store], help="accept a handoff document (imports the run)")

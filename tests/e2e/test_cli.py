@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,21 @@ def baton(
         env=full_env,
         check=False,
     )
+
+
+def rewrite_worker(db: Path, run_id: str, position: int, worker: str) -> None:
+    """Change one stored event's worker behind the ledger's back (the append-only trigger dropped)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TRIGGER stored_events_no_update")
+        (state,) = conn.execute(
+            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = ?", (run_id, position)
+        ).fetchone()
+        envelope = json.loads(state)
+        envelope["worker"] = worker
+        conn.execute(
+            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
+            (json.dumps(envelope).encode(), run_id, position),
+        )
 
 
 def lines(text: str) -> list[dict[str, object]]:

@@ -6,11 +6,10 @@ import contextlib
 import io
 import json
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
-from test_cli import baton, lines
+from test_cli import baton, lines, rewrite_worker
 
 from adapters import cli_audit
 from adapters.cli import main
@@ -69,17 +68,7 @@ def test_usage_and_store_errors_exit_2(demo_dir: Path, args: tuple[str, ...]) ->
 def test_a_tampered_store_exits_1_naming_code_and_position(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
     """Given one value of event 3 changed in the database, when audited, then exit 1 with digest_mismatch at 3."""
     shutil.copy(demo_dir / "baton.db", tmp_path / "baton.db")
-    with sqlite3.connect(tmp_path / "baton.db") as conn:
-        conn.execute("DROP TRIGGER stored_events_no_update")
-        (state,) = conn.execute(
-            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = 3", (run_id,)
-        ).fetchone()
-        envelope = json.loads(state)
-        envelope["worker"] = "mallory"
-        conn.execute(
-            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = 3",
-            (json.dumps(envelope).encode(), run_id),
-        )
+    rewrite_worker(tmp_path / "baton.db", run_id, 3, "mallory")
 
     result = baton(tmp_path, "audit", "--all", "--json")
 

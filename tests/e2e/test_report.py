@@ -6,10 +6,8 @@ Chromium is Debian's ``chromium``; when it is missing the setup installs it once
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sqlite3
 import struct
 import subprocess
 from collections import Counter
@@ -17,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from test_cli import baton, lines
+from test_cli import baton, lines, rewrite_worker
 
 from adapters.report import render_html
 from domain.budgets import Ceilings, Usage
@@ -149,17 +147,7 @@ def test_a_tampered_run_shows_the_audit_problems_and_escapes_the_log(demo: tuple
     digest_mismatch at 3, the mark is flagged, and the markup appears only escaped."""
     directory, run_id = demo
     shutil.copy(directory / "baton.db", tmp_path / "baton.db")
-    with sqlite3.connect(tmp_path / "baton.db") as conn:
-        conn.execute("DROP TRIGGER stored_events_no_update")
-        (state,) = conn.execute(
-            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = 3", (run_id,)
-        ).fetchone()
-        envelope = json.loads(state)
-        envelope["worker"] = "<script>alert(1)</script>"
-        conn.execute(
-            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = 3",
-            (json.dumps(envelope).encode(), run_id),
-        )
+    rewrite_worker(tmp_path / "baton.db", run_id, 3, "<script>alert(1)</script>")
 
     result = baton(tmp_path, "report", run_id, "-o", "tampered.html")
 
