@@ -15,7 +15,7 @@ from faststream import FastStream
 from faststream.specification import AsyncAPI
 
 from adapters.bus.kafka_app import KafkaBus
-from adapters.bus.nats_app import NatsBus
+from adapters.bus.nats_app import NatsBus, describe_nats_consumers
 from domain.commands import Submission, Verdict
 from domain.errors import StoreUnavailable
 from domain.events import RecordedEvent
@@ -39,8 +39,11 @@ class _NoLedger:
         raise StoreUnavailable(_NO_STORE)
 
 
+_nats = NatsBus(_NoLedger(), "nats://localhost:4222").broker
+describe_nats_consumers(_nats)
+
 spec = FastStream(
-    NatsBus(_NoLedger(), "nats://localhost:4222").broker,
+    _nats,
     KafkaBus(_NoLedger(), "localhost:9092").broker,
     specification=AsyncAPI(
         title="Baton ledger service",

@@ -21,17 +21,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from faststream import AckPolicy, Context, FastStream
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
-from faststream.nats.message import NatsBatchMessage
+from faststream import FastStream
+from faststream.nats import JStream, NatsBroker
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
 from adapters.bus.lifecycle import BusLifecycle
+from adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
 from adapters.bus.relay import EventRelay, encode_event, event_message_id
-from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
+from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
 from adapters.bus.service import Ledger, SubmissionService
-from adapters.wire import encode_verdict
 from domain.events import RecordedEvent
 
 __all__ = [
@@ -40,6 +39,7 @@ __all__ = [
     "REPLY_HEADER",
     "SUBMISSIONS_STREAM",
     "NatsBus",
+    "describe_nats_consumers",
     "NatsOptions",
     "durable_subject",
     "events_subject",
@@ -51,7 +51,6 @@ log = logging.getLogger("baton.bus.nats")
 QUEUE_GROUP = "baton-ledger"
 SUBMISSIONS_STREAM = "BATON_SUBMISSIONS"
 EVENTS_STREAM = "BATON_EVENTS"
-REPLY_HEADER = "Baton-Reply-To"
 _ACK_TIMEOUT = 10.0
 _SUBMIT = "baton.runs.{run_id}.submit"
 _DURABLE = "baton.submissions.{run_id}"
@@ -86,7 +85,11 @@ class NatsOptions:
 
 
 class NatsBus(BusLifecycle):
-    """The FastStream app (``self.app``) plus what runs beside it: group commit and the event relay."""
+    """The FastStream app (``self.app``) plus what runs beside it: the consumers, group commit, the relay.
+
+    The two submission paths are plain nats-py consumers (``nats_consumers.py`` says why); the
+    FastStream broker owns the connection and the lifecycle.
+    """
 
     options: NatsOptions
 
@@ -97,7 +100,7 @@ class NatsBus(BusLifecycle):
         self.app = FastStream(self.broker, logger=None)
         self.relay = EventRelay(ledger, _JetStreamSink(self), wake=self.service.committed)
         self._relay_task: asyncio.Task[None] | None = None
-        self._register()
+        self._consumers: list[Responder | DurableConsumer] = []
         self.app.on_startup(self._declare_streams)
         self.app.after_startup(self._after_startup)
         self.app.on_shutdown(self._on_shutdown)
@@ -108,72 +111,76 @@ class NatsBus(BusLifecycle):
         # request sent from another connection right after start() finds its responders
         await self.broker.connection.flush()
 
-    def _register(self) -> None:
-        broker, service, options = self.broker, self.service, self.options
-        # Documentation only: the relay and the durable path publish with the raw client.
-        broker.publisher(
-            events_subject("{run_id}"),
-            title="nats-events",
-            description=f"Every committed event, at least once, on the JetStream stream {EVENTS_STREAM}; "
-            "Nats-Msg-Id is <run_id>:<position>, headers Baton-Notification-Id, Baton-Run-Id, Baton-Position.",
-            schema=EventBody,
-        )
-        broker.publisher(
-            "{Baton-Reply-To}",
-            title="nats-durable-verdicts",
-            description="The verdict of a durable submission, on the subject its Baton-Reply-To header names.",
-            schema=VerdictBody,
-        )
-
-        @broker.subscriber(
-            submit_subject("*"),
-            queue=options.queue,
-            max_workers=options.max_workers,
-            decoder=raw_body,
-            title="nats-submit",
-            description="A submission (request); the reply is its verdict. Same JSON as `baton submit`.",
-        )
-        async def submit(body: SubmissionBody) -> bytes:
-            # Read the message from the context directly: a Context() parameter costs two thread hops.
-            msg = broker.context.get_local("message")
-            verdict = await service.handle(body, run_id=msg.raw_message.subject.split(".")[2])
-            return encode_verdict(verdict)
-
-        @broker.subscriber(
-            durable_subject("*"),
-            stream=JStream(SUBMISSIONS_STREAM, declare=False),
-            durable=options.queue,
-            pull_sub=PullSub(batch_size=options.durable_batch, timeout=options.durable_linger, batch=True),
-            config=ConsumerConfig(
-                max_ack_pending=options.durable_batch,
-                ack_wait=options.ack_wait,
-                deliver_policy=js_api.DeliverPolicy.ALL,
+    async def _after_startup(self) -> None:
+        await super()._after_startup()
+        nc, options = self.broker.connection, self.options
+        self._consumers = [
+            Responder(
+                nc, self.service, subject=submit_subject("*"), queue=options.queue, max_in_flight=options.max_workers
             ),
-            ack_policy=AckPolicy.MANUAL,
-            no_reply=True,  # verdicts are published explicitly, per message
-            decoder=raw_body,
-            title="nats-submit-durable",
-            description="Fire-and-forget submissions; the verdict goes to the subject in the Baton-Reply-To header.",
-        )
-        async def submit_durable(bodies: list[SubmissionBody], msg: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
-            # `bodies` only types the AsyncAPI payload; the raw messages carry the subjects and headers.
-            raws = msg.raw_message
-            verdicts = await service.handle_ordered([(m.data, m.subject.split(".", 2)[2]) for m in raws])
-            nc = broker.connection
-            for raw, verdict in zip(raws, verdicts, strict=True):
-                reply = (raw.headers or {}).get(REPLY_HEADER)
-                if reply:
-                    await nc.publish(reply, encode_verdict(verdict))
-            if options.before_ack is not None:
-                await options.before_ack()
-            for raw in raws:
-                await raw.ack()
+            DurableConsumer(
+                nc,
+                self.service,
+                subject=durable_subject("*"),
+                stream=SUBMISSIONS_STREAM,
+                durable=options.queue,
+                config=durable_consumer_config(batch=options.durable_batch, ack_wait=options.ack_wait),
+                linger=options.durable_linger,
+                before_ack=options.before_ack,
+            ),
+        ]
+        for consumer in self._consumers:
+            await consumer.start()
+
+    async def _on_shutdown(self) -> None:
+        consumers, self._consumers = self._consumers, []
+        for consumer in consumers:
+            await consumer.stop()
+        await super()._on_shutdown()
 
     async def _declare_streams(self) -> None:
         await self.broker.connect()
         js = self.broker.connection.jetstream()
         await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"))
         await _ensure_stream(js, EVENTS_STREAM, events_subject(">"))
+
+
+def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = None) -> None:
+    """Declare every NATS channel of the service on ``broker``, for the AsyncAPI document only.
+
+    Never call this on a broker that starts: the subscribers would consume beside the real ones.
+    """
+    options = options or NatsOptions()
+
+    async def never_called(body: SubmissionBody) -> None:
+        raise AssertionError("documentation-only subscriber")
+
+    broker.subscriber(
+        submit_subject("*"),
+        queue=options.queue,
+        title="nats-submit",
+        description="A submission (request); the reply is its verdict. Same JSON as `baton submit`.",
+    )(never_called)
+    broker.subscriber(
+        durable_subject("*"),
+        stream=JStream(SUBMISSIONS_STREAM, declare=False),
+        durable=options.queue,
+        title="nats-submit-durable",
+        description="Fire-and-forget submissions; the verdict goes to the subject in the Baton-Reply-To header.",
+    )(never_called)
+    broker.publisher(
+        events_subject("{run_id}"),
+        title="nats-events",
+        description=f"Every committed event, at least once, on the JetStream stream {EVENTS_STREAM}; "
+        "Nats-Msg-Id is <run_id>:<position>, headers Baton-Notification-Id, Baton-Run-Id, Baton-Position.",
+        schema=EventBody,
+    )
+    broker.publisher(
+        "{Baton-Reply-To}",
+        title="nats-durable-verdicts",
+        description="The verdict of a durable submission, on the subject its Baton-Reply-To header names.",
+        schema=VerdictBody,
+    )
 
 
 async def _ensure_stream(js: Any, name: str, subjects: str) -> None:
