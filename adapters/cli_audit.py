@@ -2,29 +2,34 @@
 
 The audit reads the stored bytes of every run in one ordered scan (``originator_id``, then
 position), feeds them to ``projections.audit.AuditFold`` one run at a time and anchors each run's
-head to its run row. Exit status: 0 no problem, 1 problems found, 2 usage, store or file errors.
+head to its run row; ``--all --jobs N`` splits a large PostgreSQL store into N key ranges of whole
+runs, one process each, joined in key order. Exit status: 0 no problem, 1 problems found, 2 usage,
+store or file errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
+import os
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
 from eventsourcing.persistence import PersistenceError
-from psycopg.rows import tuple_row
 from pydantic import ValidationError
 
 from adapters.bootstrap import open_ledger
 from adapters.eventstore import RunLedger
+from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
 from adapters.report import add_report_parser
 from adapters.views import ProgressLine
 from domain.canonical import canonical_bytes
-from domain.errors import BatonError
+from domain.errors import BatonError, StoreUnavailable
 from projections.audit import AuditFold, Problem
 from projections.explain import explain
 
@@ -32,6 +37,7 @@ __all__ = ["AuditReport", "add_audit_parsers", "audit_store", "stored_rows", "ve
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 PROGRESS_MIN_EVENTS = 10_000  # below this an audit takes well under a second: no bar
+PARALLEL_MIN_EVENTS = 50_000  # below this, starting worker processes costs more than they save
 _TICK = 1024  # events between progress updates
 _json = msgspec.json.Encoder()
 _generic = msgspec.json.Decoder()
@@ -44,47 +50,59 @@ class AuditReport(msgspec.Struct):
     problems: list[Problem] = msgspec.field(default_factory=list)
 
 
-# -- reading the stored bytes -------------------------------------------------------------------
-
-
-def stored_rows(
-    ledger: RunLedger, run_id: str | None = None, *, itersize: int = 2000
-) -> Generator[tuple[str, bytes], None, None]:
-    """``(run_id, stored bytes)`` of every event (or one run's), ordered by run, then by stored position.
-
-    One streaming query over the primary key: memory stays flat however large the store is.
-    """
-    recorder: Any = ledger.recorder
-    table = recorder.events_table_name
-    where = " WHERE originator_id = %s" if run_id is not None else ""
-    order = " ORDER BY originator_id, originator_version"
-    params = (run_id,) if run_id is not None else ()
-    if hasattr(recorder.datastore, "schema"):  # PostgreSQL: a server-side cursor
-        statement = f'SELECT originator_id, state FROM "{recorder.datastore.schema}"."{table}"{where}{order}'
-        with (
-            recorder.datastore.get_connection() as conn,
-            conn.transaction(),
-            conn.cursor(name="baton_audit", row_factory=tuple_row) as curs,
-        ):
-            curs.itersize = itersize
-            curs.execute(statement, params)
-            for originator_id, state in curs:
-                yield originator_id, bytes(state)
-        return
-    statement = f"SELECT originator_id, state FROM {table}{where.replace('%s', '?')}{order}"
-    with recorder.datastore.transaction(commit=False) as wrapped, wrapped as curs:
-        curs.execute(statement, params)
-        while rows := curs.fetchmany(itersize):
-            for originator_id, state in rows:
-                yield originator_id, bytes(state)
+# -- the audit of a store ----------------------------------------------------------------------
 
 
 def audit_store(
-    ledger: RunLedger, run_id: str | None = None, *, progress: Callable[[int], None] | None = None
+    ledger: RunLedger,
+    run_id: str | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    jobs: int = 1,
+    store: str | None = None,
 ) -> AuditReport:
-    """Audit every run (or one): each run's events through an ``AuditFold``, its head against its run row."""
+    """Audit every run (or one): each run's events through an ``AuditFold``, its head against its run row.
+
+    With ``jobs > 1`` an audit of every run on PostgreSQL of at least ``PARALLEL_MIN_EVENTS``
+    events is split into that many key ranges, each audited by its own process on its own
+    connection to ``store`` (the URL ``ledger`` was opened with). Runs are never split, and the
+    parts are joined in key order, so the report is the one a single process gives.
+    """
     rows = ledger.runs() if run_id is None else [r for r in [ledger.recorder.select_run(run_id)] if r]  # type: ignore[attr-defined]
     anchors = {row.run_id: (row.head, row.head_digest) for row in rows}
+    postgres = hasattr(ledger.recorder.datastore, "schema")  # type: ignore[attr-defined]
+    if jobs > 1 and run_id is None and postgres and sum(r.head for r in rows) >= PARALLEL_MIN_EVENTS:
+        parts = _audit_parallel(store, key_ranges(rows, jobs), anchors, progress)
+    else:
+        parts = [_audit_range(ledger, run_id, (None, None), anchors, progress)]
+    report = AuditReport()
+    seen: set[str] = set()
+    for part, part_seen in parts:
+        report.problems.extend(part.problems)
+        report.runs_checked += part.runs_checked
+        report.events_checked += part.events_checked
+        seen |= part_seen
+    for missing in sorted(anchors.keys() - seen):  # a run row whose events are all gone
+        empty = AuditFold(missing)
+        report.problems.extend(empty.finish(anchors[missing]))
+        report.runs_checked += 1
+    if progress is not None:
+        progress(report.events_checked)
+    report.ok = not report.problems
+    return report
+
+
+_Anchors = dict[str, tuple[int, str]]
+
+
+def _audit_range(
+    ledger: RunLedger,
+    run_id: str | None,
+    key_range: KeyRange,
+    anchors: _Anchors,
+    progress: Callable[[int], None] | None,
+) -> tuple[AuditReport, set[str]]:
+    """The runs of one ordered scan, each anchored to its run row (if it has one), and the runs seen."""
     report = AuditReport()
     seen: set[str] = set()
     fold: AuditFold | None = None
@@ -94,7 +112,7 @@ def audit_store(
         report.runs_checked += 1
         report.events_checked += fold.events
 
-    with contextlib.closing(stored_rows(ledger, run_id)) as stream:
+    with contextlib.closing(stored_rows(ledger, run_id, key_range=key_range)) as stream:
         for count, (originator_id, data) in enumerate(stream, start=1):
             if fold is None or originator_id != fold.run_id:
                 if fold is not None:
@@ -106,14 +124,50 @@ def audit_store(
                 progress(count)
     if fold is not None:
         close(fold)
-    for missing in sorted(anchors.keys() - seen):  # a run row whose events are all gone
-        empty = AuditFold(missing)
-        report.problems.extend(empty.finish(anchors[missing]))
-        report.runs_checked += 1
-    if progress is not None:
-        progress(report.events_checked)
-    report.ok = not report.problems
-    return report
+    return report, seen
+
+
+def _audit_parallel(
+    store: str | None, ranges: list[KeyRange], anchors: _Anchors, progress: Callable[[int], None] | None
+) -> list[tuple[AuditReport, set[str]]]:
+    # fork where there is one: the workers inherit the loaded modules (a spawned one would spend
+    # about a second of CPU importing them) and touch nothing of the parent but its memory.
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    done = context.Value("q", 0)
+    with ProcessPoolExecutor(len(ranges), mp_context=context, initializer=_start_worker, initargs=(done,)) as pool:
+        futures = [pool.submit(_audit_part, store, key_range, anchors) for key_range in ranges]
+        while wait(futures, timeout=0.1 if progress else None).not_done:
+            if progress is not None:
+                progress(done.value)
+        return [future.result() for future in futures]
+
+
+_done: Any = None  # in a worker: the events audited by all workers, for the parent's progress bar
+
+
+def _start_worker(done: Any) -> None:
+    global _done  # noqa: PLW0603 - one per worker process, set once at its start
+    _done = done
+
+
+def _audit_part(store: str | None, key_range: KeyRange, anchors: _Anchors) -> tuple[AuditReport, set[str]]:
+    """One key range, in a worker process with its own connection."""
+    reported = 0
+
+    def tick(count: int) -> None:
+        nonlocal reported
+        with _done.get_lock():
+            _done.value += count - reported
+        reported = count
+
+    try:
+        ledger = open_ledger(store, one_shot=True)
+        try:
+            return _audit_range(ledger, None, key_range, anchors, tick)
+        finally:
+            ledger.close()
+    except _ERRORS as exc:  # the parent reports it; a library error may not survive pickling
+        raise StoreUnavailable(f"audit worker for {key_range}: {exc}") from None
 
 
 def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditReport:
@@ -179,7 +233,7 @@ def _audit(ledger: RunLedger, args: argparse.Namespace) -> int:
         if total >= PROGRESS_MIN_EVENTS:
             bar = ProgressLine(sys.stderr, label="audit", total=total)
     try:
-        report = audit_store(ledger, args.run_id, progress=bar)
+        report = audit_store(ledger, args.run_id, progress=bar, jobs=args.jobs, store=args.store)
     finally:
         if bar is not None:
             bar.close()
@@ -246,6 +300,13 @@ def add_audit_parsers(sub: Any, store: argparse.ArgumentParser) -> None:
     audit.add_argument("run_id", nargs="?", metavar="RUN_ID")
     audit.add_argument("--all", action="store_true", help="every run in the store")
     audit.add_argument("--json", action="store_true")
+    audit.add_argument(
+        "--jobs",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        metavar="N",
+        help="processes for --all on PostgreSQL (default: the CPUs, at most 4)",
+    )
     audit.set_defaults(func=cmd_audit)
     explain_cmd = sub.add_parser("explain", parents=[store], help="a run at a position, in plain sentences")
     explain_cmd.add_argument("run_id", metavar="RUN_ID")

@@ -509,7 +509,10 @@ class StockLockingRecorder(FencedPostgresRecorder):
         # the alias keeps the result column named as the recorder expects
         self.append_statement = text.replace("baton_append(", "bench_locked_append(") + " AS baton_append"
 
-    def _append_one(self, curs: Any, fence: Any, row: Any, event: StoredEvent) -> None:
+    def _append_one(self, curs: Any, fence: Any, row: Any, event: StoredEvent, riders: Any = None) -> None:
+        if riders is not None:  # rows riding along in the recorder's own statement: its path, unlocked
+            super()._append_one(curs, fence, row, event, riders)
+            return
         curs.execute(self.append_statement, _append_params([fence], [row], [event]), prepare=True)
 
 

@@ -96,6 +96,8 @@ class Ceilings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def check(self, usage: Usage) -> None:
         """Raise ``BudgetExceeded`` naming every counter that ``usage`` would take past its ceiling."""
+        if self == _UNBOUNDED:  # the common case, compared in C
+            return
         over = [
             f"{name} {getattr(usage, name)} > {ceiling}"
             for name in COUNTERS
@@ -103,3 +105,6 @@ class Ceilings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ]
         if over:
             raise BudgetExceeded("budget exceeded: " + ", ".join(over))
+
+
+_UNBOUNDED = Ceilings()

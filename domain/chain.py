@@ -36,18 +36,38 @@ def seal(
     now: int,
 ) -> list[RecordedEvent]:
     """Wrap bodies into envelopes at positions ``head+1..``, each chained to the one before."""
+    worker, submission_id = submission.worker, submission.submission_id
+    # The envelope's canonical bytes are its sorted fields around the body's canonical bytes, so
+    # only the body is walked; the fixed fields are spliced in when they have their exact types.
+    spliced = type(epoch) is int and type(now) is int and type(head) is int
+    spliced = spliced and type(run_id) is str and type(worker) is str and type(submission_id) is str
+    if spliced:
+        after_body = b',"epoch":"%d","position":"' % epoch
+        tail = b',"recorded_at":"%d","run_id":%b,"submission_id":%b,"worker":%b}\n' % (
+            now,
+            _strings.encode(run_id),
+            _strings.encode(submission_id),
+            _strings.encode(worker),
+        )
     sealed: list[RecordedEvent] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
-        draft = RecordedEvent(
-            run_id, head + offset, epoch, submission.worker, submission.submission_id, now, prev, body
-        )
-        builtins = msgspec.to_builtins(draft)
-        del builtins["digest"]
-        sealed_event = msgspec.structs.replace(draft, digest=envelope_digest(builtins))
-        sealed.append(sealed_event)
-        prev = sealed_event.digest
+        position = head + offset
+        if spliced and type(prev) is str:
+            body_bytes = canonical_bytes(msgspec.to_builtins(body))[:-1]  # as nested in the envelope's builtins
+            middle = b'","prev_digest":%b' % _strings.encode(prev)
+            digest = digest_of(EVENT_PREFIX, b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail))
+        else:
+            draft = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body)
+            builtins = msgspec.to_builtins(draft)
+            del builtins["digest"]
+            digest = envelope_digest(builtins)
+        sealed.append(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest))
+        prev = digest
     return sealed
+
+
+_strings = msgspec.json.Encoder()
 
 
 class ChainReport(msgspec.Struct, frozen=True):

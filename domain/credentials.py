@@ -75,45 +75,69 @@ _NEEDS_RANDOMNESS = frozenset({"sk", "bearer"})
 _MAX_PATH_SEGMENT = 40
 
 
-# Every secret format above contains one of these fragments (case-insensitively), and every
-# credential-named key one of the name fragments, so a value whose lowercased JSON text holds none
-# of them is clean: a few C-speed substring scans decide most submissions, and only a suspect one
-# is walked (to say what was found, and where). Python's regex engine is far slower at this.
+# The walk looks for a format only in a string holding one of these fragments (case-insensitively).
 _FORMAT_FRAGMENTS = (
     "private key", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "sk-",
     "aiza", "bearer", "eyj", "://",
 )  # fmt: skip
-_SUSPECT = tuple(f.encode() for f in _FORMAT_FRAGMENTS)
-_NAME_ENDS = tuple(name.encode() + b"\x00" for name in (*NAMES, "authorization"))
-_EMPTY_AUTHORIZATION = b'"authorization":""'
+
+# The prefilter: most submissions are clean, and two C-speed regex searches over their JSON text
+# prove it; only a suspect one is walked (which says exactly what was found, and where).
+#
+# Formats: every match of ``_FORMATS`` contains one of these case-exact literals (the patterns are
+# case-sensitive; ``sk-`` contains ``k-``, ``eyJ`` contains ``yJ``, ``://`` contains ``//``), and JSON
+# text keeps such ASCII runs of strings and keys verbatim. Each literal starts with one of a few
+# uncommon characters, which the regex engine skips to in C; what follows may pair with any of
+# them, a looser (so still safe) test that is rarely met by chance.
+_FORMAT_LITERALS = re.compile(rb"[PAgxkBby/](?:RIVATE KEY|KIA|SIA|Iza|h[pousr]_|ithub_pat_|ox[baprs]-|-|earer|J|/)")
+# Names: in JSON text every key ends right before ``":``, and a flagged key ends with a name (after
+# lower-casing and dropping separators). Searched in the reversed, lower-cased text, the pattern
+# starts with the literal ``:"``, so only key ends are tried.
+_SEP = rb"[-_. ]*"
+_REVERSED_NAMES = b"|".join(
+    _SEP.join(re.escape(bytes([c])) for c in reversed(name.encode())) for name in (*NAMES, _AUTHORIZATION)
+)
+_NAMED_KEY = re.compile(rb':"' + _SEP + rb"(?:" + _REVERSED_NAMES + rb")")
+# A credential-named key holding one of these (reversed: the value precedes the key) is not flagged.
+_EMPTY_VALUES_REVERSED = (b'""', b"llun", b"eurt", b"eslaf", b"}{", b"][")
 _encoder = msgspec.json.Encoder()
 
 
-def find_credential(value: Any) -> str | None:
-    """A short description of the first credential found in ``value`` (never the secret), or None."""
+def find_credential(value: Any, *, encoded: bytes | None = None) -> str | None:
+    """A short description of the first credential found in ``value`` (never the secret), or None.
+
+    ``encoded`` is ``msgspec.json.encode(value)`` when the caller has it already.
+    """
     try:
-        text = _encoder.encode(value).lower()
+        text = _encoder.encode(value) if encoded is None else encoded
     except (TypeError, ValueError, OverflowError, RecursionError):
         return _walk(value)  # not JSON-shaped (or too deep to encode): walk it
     containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
     if len(text) >= 2 * MAX_NODES or containers >= MAX_DEPTH:
         return _walk(value)  # possibly past a bound: the walk fails closed there
-    if any(fragment in text for fragment in _SUSPECT) or _suspect_key(text):
+    if _FORMAT_LITERALS.search(text) is not None or _suspect_key(text):
         return _walk(value)
     return None
 
 
 def _suspect_key(text: bytes) -> bool:
-    """Whether an object key in the (lowercased) JSON text may name a credential.
+    """Whether an object key in the JSON text may name a credential and hold something.
 
-    A superset of the walk's rule: in JSON text every key ends right before ``":``, and a
-    credential name sits at the end of its key, so splitting there puts every key's name at the end
-    of a piece (a value containing ``":`` only adds pieces). An empty ``authorization`` (every
-    intent context has one) is a reference slot, not a credential.
+    A superset of the walk's rule. Lower-casing the whole text lower-cases every key as
+    ``str.lower`` does (non-ASCII text goes through ``str``: the Kelvin sign lower-cases to ``k``).
     """
-    pieces = text.replace(_EMPTY_AUTHORIZATION, b"").translate(None, b"-_. ").split(b'":')
-    keys = b"\x00".join(pieces[:-1]) + b"\x00"
-    return any(name in keys for name in _NAME_ENDS)
+    if text.isascii():
+        lowered = text.lower()
+    else:
+        try:
+            lowered = text.decode().lower().encode()
+        except UnicodeError:
+            return True
+    reversed_text = lowered[::-1]
+    for match in _NAMED_KEY.finditer(reversed_text):  # a loop, not any(): most texts have one empty authorization
+        if not reversed_text.endswith(_EMPTY_VALUES_REVERSED, 0, match.start()):
+            return True
+    return False
 
 
 def _walk(value: Any) -> str | None:

@@ -61,6 +61,7 @@ from domain.stages import Stage, is_legal
 from domain.state import OpRecord, RunState
 
 __all__ = [
+    "CONTEXT_PREFIX",
     "envelope_epoch",
     "MAX_ID_LENGTH",
     "MAX_INLINE_BYTES",
@@ -79,19 +80,22 @@ _ID_FIELDS = frozenset(
     {"op_id", "stage_id", "checkpoint_id", "idempotency_key", "tool_contract", "worker", "release_id"}
 )
 MAX_TTL_MS = 24 * 3600 * 1000
-_CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
+CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
+_json = msgspec.json.Encoder()  # the same as ``find_credential``'s, so it can take our bytes
 
 
 def context_digest(context: IntentContext) -> str:
     """The digest an observation must quote to prove it answers exactly this intent."""
-    return digest_of(_CONTEXT_PREFIX, canonical_bytes(context))
+    return digest_of(CONTEXT_PREFIX, canonical_bytes(context))
 
 
 def envelope_epoch(state: RunState, submission: Submission, bodies: list[Event]) -> int:
     """The epoch a submission's events are recorded under: the submitter's, which is a lease it takes
     in this very submission (acquire, import) but not one it hands on (a handoff's ``LeaseGranted``)."""
-    granted = (b.epoch for b in bodies if isinstance(b, LeaseGranted) and b.worker == submission.worker)
-    return next(granted, state.epoch)
+    for body in bodies:
+        if isinstance(body, LeaseGranted) and body.worker == submission.worker:
+            return body.epoch
+    return state.epoch
 
 
 def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
@@ -100,11 +104,7 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     command = submission.command
-    plain = msgspec.to_builtins(command)
-    _check_bounds(plain, "command")
-    found = find_credential(plain)
-    if found:
-        raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
+    _screen(command)
     if isinstance(command, OpenRun):
         return [_open(state, command)]
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
@@ -177,6 +177,35 @@ def _check_ids(submission: Submission) -> None:
             raise errors.Malformed(msg)
     if submission.epoch < 0:
         raise errors.Malformed("epoch cannot be negative")
+
+
+def _screen(command: Any) -> None:
+    """Bounds first, then credentials; one JSON encoding of the command serves both prefilters."""
+    plain = msgspec.to_builtins(command)
+    try:
+        text: bytes | None = _json.encode(plain)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        text = None
+    if text is None or not _surely_within_bounds(text):
+        _check_bounds(plain, "command")
+    found = find_credential(plain, encoded=text)
+    if found:
+        raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
+
+
+def _surely_within_bounds(text: bytes) -> bool:
+    """Whether the command's JSON text alone proves that ``_check_bounds`` passes (most do).
+
+    Without escapes, each string is the run between two quotes, in at least as many bytes as it
+    has characters; a list of n items holds n - 1 commas; a negative size reads ``"size":-``.
+    Anything else is walked.
+    """
+    return (
+        b"\\" not in text
+        and text.count(b",") < MAX_LIST_ITEMS
+        and b'"size":-' not in text
+        and max(map(len, text.split(b'"'))) <= MAX_ID_LENGTH
+    )
 
 
 def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: this runs per submission

@@ -7,10 +7,11 @@ keeps the state current. Handoff and authority rules live in ``projections.audit
 
 from __future__ import annotations
 
+from operator import add
+
 import msgspec
 
 from domain.budgets import COUNTERS, MAX_COUNTER, Usage
-from domain.decide import context_digest
 from domain.events import (
     CheckpointSealed,
     HandoffAccepted,
@@ -25,6 +26,7 @@ from domain.events import (
     TransitionRecorded,
 )
 from domain.stages import Stage, is_legal
+from projections.audit_digest import quotes_context_digest
 from projections.audit_state import AuditState, LeaseRecord, OpRecord
 
 __all__ = [
@@ -84,12 +86,13 @@ def charge(s: AuditState, e: RecordedEvent) -> None:
             if amount < 0:
                 s.report("budget_decreased", f"{COUNTERS[index]} charged {amount}")
         amounts = tuple(max(amount, 0) for amount in amounts)
-    usage = s.usage = [a + b for a, b in zip(s.usage, amounts, strict=True)]
+    usage = s.usage = list(map(add, s.usage, amounts))  # one counter each: Usage has a fixed shape
     if max(usage) > MAX_COUNTER:
         for index, total in enumerate(usage):
             if total > MAX_COUNTER and total - amounts[index] <= MAX_COUNTER:  # reported when it first passes
                 s.report("counter_overflow", f"{COUNTERS[index]} reached {total}")
-    check_ceilings(s)
+    if s.limits:
+        check_ceilings(s)
 
 
 def check_ceilings(s: AuditState) -> None:
@@ -186,7 +189,7 @@ def intent(s: AuditState, e: RecordedEvent) -> None:
             "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
         )
         return
-    if body.context_digest != context_digest(body.context):
+    if not quotes_context_digest(body.context, body.context_digest):
         s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
     if body.kind == "effect" and (older := _older_open(s)):
         s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")

@@ -1,7 +1,8 @@
 """The content-addressed blob store: ``baton_blobs(digest PRIMARY KEY, data)`` next to the events.
 
-A blob is written before the event that references it; its key is the SHA-256 of its bytes, so a
-blob whose event never committed is a harmless orphan and a retry writes nothing new. Blobs are the
+A blob is written before the event that references it, or (PostgreSQL) in the same statement as
+its append (``insert_clause``); its key is the SHA-256 of its bytes, so a blob whose event never
+committed is a harmless orphan and a retry writes nothing new. Blobs are the
 only rows Baton ever deletes, and only by an audited purge (docs/langgraph.md).
 
 In PostgreSQL the connection commits with ``synchronous_commit = off``: the event that references a
@@ -30,6 +31,7 @@ _DDL = {
     "postgresql": "CREATE TABLE IF NOT EXISTS baton_blobs (digest text PRIMARY KEY, data bytea NOT NULL)",
 }
 _POOL_KEYS = ("pool_size", "max_overflow")
+_SCALAR_ROWS = 4  # blobs written as scalar rows in ``insert_clause``; more go as arrays
 
 
 def blob_digest(data: bytes) -> str:
@@ -156,6 +158,25 @@ class BlobStore:
                     "INSERT INTO baton_blobs SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING",
                     (list(blobs), list(blobs.values())),
                 )
+
+    @staticmethod
+    def insert_clause(blobs: Mapping[str, bytes], name: str) -> tuple[str, list[Any]]:
+        """PostgreSQL: ``name AS (INSERT ...)`` storing ``blobs``, with its parameters, to run inside another
+        statement (a fold, an append).
+
+        A few blobs (a checkpoint's) go as scalar rows: psycopg dumps arrays in Python, element by
+        element, which cost more client CPU than the rest of a put's parameters together. More go as
+        binary arrays, so that the statement text (a prepared statement each) stays one of a few.
+        """
+        if len(blobs) <= _SCALAR_ROWS:
+            rows = ", ".join(["(%s, %b)"] * len(blobs))
+            return f"{name} AS (INSERT INTO baton_blobs VALUES {rows} ON CONFLICT DO NOTHING)", [
+                value for item in blobs.items() for value in item
+            ]
+        clause = (
+            f"{name} AS (INSERT INTO baton_blobs SELECT * FROM unnest(%b::text[], %b::bytea[]) ON CONFLICT DO NOTHING)"
+        )
+        return clause, [list(blobs), list(blobs.values())]
 
     def get(self, digests: Collection[str]) -> dict[str, bytes]:
         if not digests:

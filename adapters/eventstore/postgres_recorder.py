@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -129,6 +130,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events") -> None:
         super().__init__(datastore, events_table_name=events_table_name)
         self._pool_opened = False
+        self._riders = threading.local()
         schema = Identifier(datastore.schema)
         table = Identifier(events_table_name)
         fmt = {"schema": schema, "table": table}
@@ -178,12 +180,12 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         # Positional parameters (see ``_append_one``): psycopg reorders a dict on every execute.
         self.append_one_statement = (
             SQL(
-                "WITH f AS (UPDATE {schema}.baton_runs SET head = %s, head_digest = %s, epoch = %s, holder = %s, "
-                "expires_at = %s, stage = %s, status = %s WHERE run_id = %s AND head = %s AND head_digest = %s "
-                "AND epoch = %s AND holder IS NOT DISTINCT FROM %s::text RETURNING run_id, head), "
-                "s AS (INSERT INTO {schema}.baton_submissions SELECT %s, run_id, %s, head FROM f) "
+                "WITH baton_f AS (UPDATE {schema}.baton_runs SET head = %s, head_digest = %s, epoch = %s, "
+                "holder = %s, expires_at = %s, stage = %s, status = %s WHERE run_id = %s AND head = %s "
+                "AND head_digest = %s AND epoch = %s AND holder IS NOT DISTINCT FROM %s::text RETURNING run_id, head), "
+                "baton_s AS (INSERT INTO {schema}.baton_submissions SELECT %s, run_id, %s, head FROM baton_f) "
                 "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state, notification_id) "
-                "SELECT run_id, head, %s, %s, (pg_current_xact_id()::text::bigint << 16) + 1 FROM f"
+                "SELECT run_id, head, %s, %s, (pg_current_xact_id()::text::bigint << 16) + 1 FROM baton_f"
             )
             .format(**fmt)
             .as_string(None)
@@ -229,22 +231,50 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             conn = pool.getconn()
             try:
                 with conn.cursor(row_factory=tuple_row) as curs:
+                    riders: tuple[str, Sequence[Any]] | None = getattr(self._riders, "current", None)
                     if len(fences) == len(submissions) == len(stored_events) == 1 and fences[0].expected_head > 0:
-                        self._append_one(curs, fences[0], submissions[0], stored_events[0])
+                        self._append_one(curs, fences[0], submissions[0], stored_events[0], riders)
                     else:
                         params = _append_params(fences, submissions, stored_events)
-                        curs.execute(self.append_statement, params, prepare=True)
+                        if riders is None:
+                            curs.execute(self.append_statement, params, prepare=True)
+                        else:
+                            statement = f"WITH {riders[0]} {self.append_statement}"
+                            curs.execute(statement, [*riders[1], *params], prepare=True)
             finally:
                 pool.putconn(conn)
         except psycopg.Error as exc:
             raise _library_error(exc) from exc
         return None  # no notification ids: the ledger does not use them, so the library builds no Recordings
 
-    def _append_one(self, curs: Any, fence: Fence, row: SubmissionRow, event: StoredEvent) -> None:
+    def riding(self, ctes: str, params: Sequence[Any]) -> _Riding:
+        """Run ``ctes`` (data-modifying ``name AS (...)`` clauses, names not starting with ``baton_``) in
+        the statement of every append this thread makes inside the returned context: one round trip,
+        one transaction.
+
+        For side tables written with an append (blobs its events reference, a view's fold): a fence
+        violation or a conflict that raises rolls them back with the append; a fast-path compare-and-set
+        miss (no error, nothing appended) still commits them, so they must be safe to run again: ON
+        CONFLICT DO NOTHING inserts, compare-and-set updates. They run after the run row is locked.
+        """
+        return _Riding(self._riders, (ctes, params))
+
+    def _append_one(
+        self,
+        curs: Any,
+        fence: Fence,
+        row: SubmissionRow,
+        event: StoredEvent,
+        riders: tuple[str, Sequence[Any]] | None = None,
+    ) -> None:
         """The single-event fast path; no row inserted means the compare-and-set missed."""
+        statement, extra = self.append_one_statement, riders[1] if riders is not None else ()
+        if riders is not None:
+            statement = f"WITH {riders[0]}, {statement.removeprefix('WITH ')}"
         curs.execute(
-            self.append_one_statement,
+            statement,
             (
+                *extra,
                 fence.new_head,
                 fence.new_head_digest,
                 fence.new_epoch,
@@ -380,6 +410,24 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             )
             row = curs.fetchone()
         return SubmissionRow(**row) if row is not None else None
+
+
+class _Riding:
+    """Sets this thread's riders for the appends inside it (a class: a put enters one per append)."""
+
+    __slots__ = ("_local", "_outer", "_riders")
+
+    def __init__(self, local: threading.local, riders: tuple[str, Sequence[Any]]) -> None:
+        self._local = local
+        self._riders = riders
+        self._outer: tuple[str, Sequence[Any]] | None = None
+
+    def __enter__(self) -> None:
+        self._outer = getattr(self._local, "current", None)
+        self._local.current = self._riders
+
+    def __exit__(self, *exc: object) -> None:
+        self._local.current = self._outer
 
 
 def _append_params(

@@ -12,8 +12,15 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
+from eventsourcing.persistence import InterfaceError, StoredEvent
+from eventsourcing.sqlite import (
+    SQLITE3_DEFAULT_LOCK_TIMEOUT,
+    SQLiteApplicationRecorder,
+    SQLiteConnection,
+    SQLiteConnectionPool,
+    SQLiteCursor,
+    SQLiteDatastore,
+)
 
 from adapters.eventstore.fenced import (
     AppendConflict,
@@ -28,7 +35,47 @@ from domain.fencing import Fence
 __all__ = ["FencedSQLiteRecorder"]
 
 
+_STATEMENT_CACHE = 128  # sqlite3's default
+
+
+class _StatementCachingPool(SQLiteConnectionPool):
+    """eventsourcing 9.5.6's pool, with connections that keep their prepared statements.
+
+    The library opens connections with ``cached_statements=True``, which ``sqlite3`` reads as a
+    cache of *one* statement, so every append prepared its BEGIN, fence UPDATE and two INSERTs
+    afresh, three of them while holding the write lock. ``_create_connection`` is the library's,
+    but for the cache size.
+    """
+
+    def _create_connection(self) -> SQLiteConnection:
+        try:
+            c = sqlite3.connect(
+                database=self.db_name,
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,  # autocommit: the library's transactions issue BEGIN
+                cached_statements=_STATEMENT_CACHE,
+                timeout=self.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT,
+            )
+        except (sqlite3.Error, TypeError) as e:
+            raise InterfaceError(e) from e
+        if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
+            cursor = c.cursor()
+            cursor.execute("PRAGMA journal_mode;")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL;")
+                self.journal_mode_was_changed_to_wal = True
+            self.is_journal_mode_wal = True
+        c.row_factory = sqlite3.Row
+        return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
+
+
 class FencedSQLiteRecorder(SQLiteApplicationRecorder):
+    def __init__(self, datastore: SQLiteDatastore, events_table_name: str = "stored_events") -> None:
+        if type(datastore.pool) is SQLiteConnectionPool:
+            datastore.pool.__class__ = _StatementCachingPool  # same state; new connections cache statements
+        super().__init__(datastore, events_table_name)
+
     def construct_create_table_statements(self) -> list[str]:
         events = self.events_table_name
         return [

@@ -126,17 +126,25 @@ class ThreadIndex:
         docs: dict[str, bytes],
         *,
         blobs: dict[str, bytes] | None = None,
+        upto: int | None = None,
     ) -> bool:
         """Fold ``events`` (positions after ``expected``) in one transaction if the index is at ``expected``.
 
-        ``blobs`` are stored whatever the outcome (in the same statement in PostgreSQL: the saver sends
-        the next append's blobs with the previous append's fold). False means someone else moved the
-        index (or it lags): call ``catch_up``.
+        The index then stands at ``upto`` (default: the last event's position; events between that hold
+        nothing for the index need not be listed). ``blobs`` are stored whatever the outcome (in the same
+        statement in PostgreSQL). False means someone else moved the index (or it lags): call ``catch_up``.
         """
-        new = events[-1][0] if events else expected
+        new = upto if upto is not None else (events[-1][0] if events else expected)
+        clauses = self.fold_clauses(run_id, expected, events, docs, upto=new)
+        if clauses is not None:
+            ctes, params = clauses
+            if blobs:
+                clause, extra = BlobStore.insert_clause(blobs, "lg_blobs")
+                ctes, params = [*ctes, clause], [*params, *extra]
+            with self.conn.cursor() as cur:
+                row = cur.execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM lg_t", params).fetchone()
+            return bool(row[0])
         cp_rows, w_rows, hides = _rows(run_id, events, docs)
-        if self._pg and expected > 0 and not hides:
-            return self._record_pg(run_id, expected, new, cp_rows, w_rows, blobs or {})
         if blobs:
             self.blobs.put(blobs)
         with self.conn.cursor(transaction=True) as cur:
@@ -153,34 +161,48 @@ class ThreadIndex:
             self._apply(cur, run_id, cp_rows, w_rows, hides)
         return True
 
-    def _record_pg(
+    def fold_clauses(
         self,
         run_id: str,
         expected: int,
-        new: int,
-        cp_rows: list[tuple[Any, ...]],
-        w_rows: list[tuple[Any, ...]],
-        blobs: dict[str, bytes],
-    ) -> bool:
-        """The common fold (checkpoints, writes) as one statement: the compare-and-set feeds the inserts."""
-        ctes = ["t AS (UPDATE baton_lg_threads SET position = %s WHERE run_id = %s AND position = %s RETURNING run_id)"]
-        params: list[Any] = [new, run_id, expected]
-        if blobs:
-            ctes.append(
-                "b AS (INSERT INTO baton_blobs SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING)"
-            )
-            params += [list(blobs), list(blobs.values())]
+        events: Sequence[tuple[int, Event]],
+        docs: dict[str, bytes],
+        *,
+        upto: int | None = None,
+    ) -> tuple[list[str], list[Any]] | None:
+        """PostgreSQL: the common fold (checkpoints, writes) as data-modifying ``WITH`` clauses and their
+        parameters, to run as one statement or inside an append (``lg_t`` returns the run id when the
+        compare-and-set hit). None when the fold needs several statements (hiding events; SQLite)."""
+        if not self._pg:
+            return None
+        cp_rows, w_rows, hides = _rows(run_id, events, docs)
+        if hides:
+            return None
+        new = upto if upto is not None else (events[-1][0] if events else expected)
+        if expected == 0:  # no row yet is the same as position 0
+            ctes = [
+                "lg_t AS (INSERT INTO baton_lg_threads VALUES (%s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                "position = excluded.position WHERE baton_lg_threads.position = 0 RETURNING run_id)"
+            ]
+            params: list[Any] = [run_id, new]
+        else:
+            ctes = [
+                "lg_t AS (UPDATE baton_lg_threads SET position = %s WHERE run_id = %s AND position = %s "
+                "RETURNING run_id)"
+            ]
+            params = [new, run_id, expected]
         if len(cp_rows) == 1:  # the common case, with scalar parameters (arrays cost client CPU to dump)
             ctes.append(
-                f"c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT t.run_id, %s, %s, %s, %s::bigint, %s, "
-                "%s::jsonb, %s::bytea, %s FROM t ON CONFLICT (run_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
-                "parent_id = excluded.parent_id, position = excluded.position, run_tag = excluded.run_tag, "
-                "metadata = excluded.metadata, document = excluded.document, digests = excluded.digests)"
+                f"lg_c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT lg_t.run_id, %s, %s, %s, "
+                "%s::bigint, %s, %s::jsonb, %s::bytea, %s FROM lg_t ON CONFLICT (run_id, checkpoint_ns, "
+                "checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id, position = excluded.position, "
+                "run_tag = excluded.run_tag, metadata = excluded.metadata, document = excluded.document, "
+                "digests = excluded.digests)"
             )
             params += cp_rows[0][1:]
         elif cp_rows:
             ctes.append(
-                f"c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT t.run_id, u.* FROM t, "
+                f"lg_c AS (INSERT INTO baton_lg_checkpoints ({_CP_COLUMNS}) SELECT lg_t.run_id, u.* FROM lg_t, "
                 "unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::jsonb[], %s::bytea[], "
                 "%s::text[]) AS u ON CONFLICT (run_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
                 "parent_id = excluded.parent_id, position = excluded.position, run_tag = excluded.run_tag, "
@@ -188,9 +210,9 @@ class ThreadIndex:
             )
             params += [list(column) for column in list(zip(*cp_rows, strict=True))[1:]]
         for name, rows, conflict in (
-            ("w", [r for r in w_rows if r[4] >= 0], "DO NOTHING"),
+            ("lg_w", [r for r in w_rows if r[4] >= 0], "DO NOTHING"),
             (
-                "s",
+                "lg_s",
                 [r for r in w_rows if r[4] < 0],
                 "DO UPDATE SET channel = excluded.channel, kind = excluded.kind, digest = excluded.digest, "
                 "task_path = excluded.task_path, position = excluded.position",
@@ -198,15 +220,13 @@ class ThreadIndex:
         ):
             if rows:
                 ctes.append(
-                    f"{name} AS (INSERT INTO baton_lg_writes ({_W_COLUMNS}) SELECT t.run_id, u.* FROM t, "
+                    f"{name} AS (INSERT INTO baton_lg_writes ({_W_COLUMNS}) SELECT lg_t.run_id, u.* FROM lg_t, "
                     "unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[], "
                     "%s::text[], %s::bigint[]) AS u "
                     f"ON CONFLICT (run_id, checkpoint_ns, checkpoint_id, task_id, idx) {conflict})"
                 )
                 params += [list(column) for column in list(zip(*rows, strict=True))[1:]]
-        with self.conn.cursor() as cur:
-            row = cur.execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM t", params).fetchone()
-        return bool(row[0])
+        return ctes, params
 
     def _apply(
         self, cur: Any, run_id: str, cp_rows: list[tuple[Any, ...]], w_rows: list[tuple[Any, ...]], hides: list[Any]

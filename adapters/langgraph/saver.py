@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import os
 import socket
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from langchain_core.runnables import RunnableConfig
@@ -75,6 +76,15 @@ class _Lease(msgspec.Struct):
     expires_at: int
 
 
+class _Fold(NamedTuple):
+    """An index update not yet written: ``events`` move the thread's index from ``expected`` to ``upto``."""
+
+    expected: int
+    upto: int
+    events: builtins.list[tuple[int, Event]]
+    docs: dict[str, bytes]
+
+
 class BatonSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer whose threads are fenced, hash-chained Baton runs."""
 
@@ -98,8 +108,8 @@ class BatonSaver(BaseCheckpointSaver[int]):
         self._owns = owns
         self._leases: dict[str, _Lease] = {}
         self._stale: dict[str, int] = {}  # threads this saver lost: the epoch that moved on
-        # the index fold of each thread's last append, sent with the next append's blobs (or before a read)
-        self._pending: dict[str, tuple[int, builtins.list[tuple[int, Event]], dict[str, bytes]]] = {}
+        # the index fold of each thread's last append, sent in the next append's statement (or before a read)
+        self._pending: dict[str, _Fold] = {}
         self._values: OrderedDict[tuple[str, str, str, Any], tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._lease_lock = threading.RLock()
@@ -225,10 +235,9 @@ class BatonSaver(BaseCheckpointSaver[int]):
         data = _doc_encoder.encode(document)
         doc_ref = BlobRef(blob_digest(data), len(data))
         blobs[doc_ref.digest] = data
-        self._store(thread_id, blobs)  # before the event that references them
         run_tag = str(full.get("run_id") or "")[:200]
         command = PutCheckpoint(ns, checkpoint["id"], doc_ref, parent, run_tag)
-        verdict = self._append(thread_id, [command])[0]
+        verdict = self._append(thread_id, [command], blobs)[0]
         body = CheckpointRecorded(ns, checkpoint["id"], doc_ref, parent, run_tag)
         self._defer(thread_id, [(_position(verdict), body)], {doc_ref.digest: data})
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
@@ -252,13 +261,12 @@ class BatonSaver(BaseCheckpointSaver[int]):
             blobs[digest] = data
             slot = WRITES_IDX_MAP.get(channel, idx)
             by_idx[slot] = ChannelWrite(channel, slot, kind, BlobRef(digest, len(data)))
-        self._store(thread_id, blobs)
         items = list(by_idx.values())
         commands: builtins.list[Command] = [
             PutWrites(ns, checkpoint_id, task_id, tuple(items[i : i + _MAX_ITEMS]), task_path)
             for i in range(0, len(items), _MAX_ITEMS)
         ]
-        verdicts = self._append(thread_id, commands)
+        verdicts = self._append(thread_id, commands, blobs)
         events: builtins.list[tuple[int, Event]] = [
             (_position(v), WritesRecorded(c.checkpoint_ns, c.checkpoint_id, c.task_id, c.writes, c.task_path))
             for v, c in zip(verdicts, commands, strict=True)
@@ -401,19 +409,32 @@ class BatonSaver(BaseCheckpointSaver[int]):
             )
         return found
 
-    def _append(self, run_id: str, commands: Sequence[Command]) -> builtins.list[Verdict]:
-        """Append under this saver's lease (taken or renewed first, in the same transaction when it can)."""
+    def _append(
+        self, run_id: str, commands: Sequence[Command], blobs: dict[str, bytes] | None = None
+    ) -> builtins.list[Verdict]:
+        """Append under this saver's lease (taken or renewed first, in the same transaction when it can).
+
+        The blobs the commands reference, and the thread's pending index fold, go in the append's own
+        statement where the store can (PostgreSQL): a put is one round trip. Elsewhere they are
+        written just before it.
+        """
+        rider = self._rider(run_id, blobs or {})
+        riding = getattr(self.ledger.recorder, "riding", None)  # FencedPostgresRecorder's
         for attempt in range(2):
             epoch, lease = self._lease(run_id)
             submissions = [Submission(_sid(), run_id, self.worker, c, epoch) for c in [*lease, *commands]]
-            if len(submissions) == 1:
-                verdicts = [self.ledger.submit(submissions[0])]
-            else:
-                verdicts = self.ledger.submit_many(submissions)
+            with riding(*rider) if rider is not None and riding is not None else contextlib.nullcontext():
+                if len(submissions) == 1:
+                    verdicts = [self.ledger.submit(submissions[0])]
+                else:
+                    verdicts = self.ledger.submit_many(submissions)
             rejected = next((v for v in verdicts if v.verdict == "rejected"), None)
             if rejected is None:
                 if lease:
                     self._leases[run_id] = _Lease(epoch, self.ledger.clock.now() + self.ttl_ms * 1000)
+                    if len(lease) == 1 and isinstance(lease[0], RenewLease):  # one event, nothing for the index
+                        renewed = _position(verdicts[0])
+                        self._defer_fold(run_id, _Fold(renewed - 1, renewed, [], {}))
                 return verdicts[len(lease) :]
             if rejected.reason == "lease_expired" and attempt == 0 and run_id in self._leases:
                 self._leases[run_id].expires_at = 0  # judged expired by the store's clock: take it again
@@ -461,6 +482,10 @@ class BatonSaver(BaseCheckpointSaver[int]):
         for verdict in verdicts:
             if verdict.verdict == "rejected" and verdict.reason != "run_exists":
                 raise _error(verdict)
+        if len(verdicts) == 2 and verdicts[0].verdict == verdicts[1].verdict == "accepted":
+            opened, granted = _position(verdicts[0]), _position(verdicts[1])
+            if opened == granted - 1:  # positions 1..granted are ours and hold nothing for the index
+                self._defer_fold(run_id, _Fold(0, granted, [], {}))
         state = self.ledger.state(run_id)
         if state.lease is None or state.lease.worker != self.worker:  # pragma: no cover - a lost race
             raise errors.LeaseHeld(f"thread {run_id!r} is held by {state.holder!r}")
@@ -468,21 +493,46 @@ class BatonSaver(BaseCheckpointSaver[int]):
         return state.epoch, []
 
     def _defer(self, run_id: str, events: Sequence[tuple[int, Event]], docs: dict[str, bytes]) -> None:
-        with self._lock:
-            self._pending[run_id] = (events[0][0] - 1, [*events], docs)
+        self._defer_fold(run_id, _Fold(events[0][0] - 1, events[-1][0], [*events], docs))
 
-    def _store(self, run_id: str, blobs: dict[str, bytes]) -> None:
-        """Store blobs, folding the thread's pending index update into the same statement.
+    def _defer_fold(self, run_id: str, fold: _Fold) -> None:
+        """Keep ``fold`` for the thread's next append, joined onto the pending one when it continues it."""
+        with self._lock:
+            before = self._pending.get(run_id)
+            if before is not None and before.upto == fold.expected:
+                fold = _Fold(before.expected, fold.upto, [*before.events, *fold.events], before.docs | fold.docs)
+            self._pending[run_id] = fold
+
+    def _rider(self, run_id: str, blobs: dict[str, bytes]) -> tuple[str, builtins.list[Any]] | None:
+        """What rides in the append's statement: the blobs and the thread's pending fold (PostgreSQL).
 
         A fold whose compare-and-set misses (a lease event came between, or another process
         caught the index up) is dropped: the next read finds the index behind the log and catches up.
+        Without a recorder that takes riders (SQLite), or for a fold of hiding events, they are
+        written here, before the append, as one statement or transaction of their own.
         """
         with self._lock:
             pending = self._pending.pop(run_id, None)
-        if pending is None:
-            self.blobs.put(blobs)
-        else:
-            self.index.record(run_id, *pending, blobs=blobs)
+        rides = hasattr(self.ledger.recorder, "riding")
+        ctes: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        if pending is not None and rides:
+            clauses = self.index.fold_clauses(run_id, pending.expected, pending.events, pending.docs, upto=pending.upto)
+            if clauses is not None:
+                ctes, params = clauses
+                pending = None
+        if not rides or pending is not None:
+            if pending is not None:
+                self.index.record(
+                    run_id, pending.expected, pending.events, pending.docs, blobs=blobs, upto=pending.upto
+                )
+            elif blobs:
+                self.blobs.put(blobs)
+            blobs = {}
+        if blobs:
+            clause, extra = BlobStore.insert_clause(blobs, "lg_blobs")
+            ctes, params = [*ctes, clause], [*params, *extra]
+        return (", ".join(ctes), params) if ctes else None
 
     def _flush(self, run_id: str | None = None) -> None:
         """Fold pending index updates (one thread's, or all) before reading the index."""
@@ -492,8 +542,8 @@ class BatonSaver(BaseCheckpointSaver[int]):
             else:
                 one = self._pending.pop(run_id, None)
                 pending = {run_id: one} if one is not None else {}
-        for thread, (expected, events, docs) in pending.items():
-            self.index.record(thread, expected, events, docs)
+        for thread, fold in pending.items():
+            self.index.record(thread, fold.expected, fold.events, fold.docs, upto=fold.upto)
 
     def _sync(self, run_id: str) -> None:
         self._flush(run_id)

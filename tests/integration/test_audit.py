@@ -7,8 +7,10 @@ The attacker has database access: it disables the append-only trigger (PostgreSQ
 from __future__ import annotations
 
 import msgspec
+import pytest
 from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
 
+from adapters import cli_audit
 from adapters.cli_audit import audit_store
 from adapters.clock import ManualClock
 from adapters.eventstore import RunLedger
@@ -175,3 +177,30 @@ def intent_recorded(command: RecordIntent) -> IntentRecorded:
         command.idempotency_key,
         Usage(calls=1, argument_bytes=size),
     )
+
+
+def test_the_audit_in_several_processes_reports_what_one_process_reports(
+    ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given six runs, one altered, one cut short, one with no events left and one with no run row, when
+    the store is audited in 2 and in 3 processes, then the report is exactly the single process's."""
+    ledger = ledgers(ManualClock(T0))
+    runs = [f"run-{n}" for n in range(6)]
+    for run_id in runs:
+        short_run(ledger, run_id)
+    delete = f"DELETE FROM {store.events_table} WHERE originator_id = ?"
+    original = store.state_bytes("run-1", 4)
+    alter = f"UPDATE {store.events_table} SET state = ? WHERE originator_id = ? AND originator_version = ?"
+    tampered(
+        store,
+        (alter, (original.replace(b'"x":1', b'"x":2'), "run-1", 4)),
+        (delete + " AND originator_version = ?", ("run-2", 5)),
+        (delete, ("run-4",)),
+        ("DELETE FROM baton_runs WHERE run_id = ?", ("run-5",)),
+    )
+    serial = audit_store(ledger)
+    assert {p.run_id for p in serial.problems} == {"run-1", "run-2", "run-4", "run-5"}
+    monkeypatch.setattr(cli_audit, "PARALLEL_MIN_EVENTS", 0)  # these runs are tiny
+    for jobs in (2, 3):
+        parallel = audit_store(ledger, jobs=jobs, store=store.url)
+        assert msgspec.to_builtins(parallel) == msgspec.to_builtins(serial), jobs

@@ -1,4 +1,4 @@
-"""The fast path of ``canonical_bytes`` is byte-for-byte the reference encoder, errors included.
+"""The fast paths of ``canonical_bytes`` and ``seal`` are byte-for-byte the reference, errors included.
 
 Digests are forever: a stored event must verify with every later build. The fast path for plain
 builtin values must therefore give exactly the reference's bytes, or exactly its error, for any
@@ -10,12 +10,23 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.budgets import Usage
 from domain.canonical import _reference_bytes, canonical_bytes
-from domain.events import IntentContext
+from domain.chain import envelope_digest, seal
+from domain.commands import RenewLease, Submission
+from domain.events import (
+    BlobRef,
+    IntentContext,
+    IntentRecorded,
+    ObservationRecorded,
+    RecordedEvent,
+    TransitionRecorded,
+)
+from domain.stages import Stage
 
 
 class Color(enum.Enum):
@@ -76,3 +87,65 @@ def outcome(encode: Any, value: Any, opaque: bool) -> tuple[Any, ...]:
 def test_fast_path_equals_the_reference_encoder(value: Any, opaque: bool) -> None:
     """For any value, the fast path gives the reference's bytes or the reference's error."""
     assert outcome(canonical_bytes, value, opaque) == outcome(_reference_bytes, value, opaque)
+
+
+# Struct construction checks no types, so any value may sit in any field of an event: the fast
+# paths must still give the reference's bytes or error.
+ANY_FIELD = st.one_of(st.text(max_size=4), LEAVES, VALUES, st.sampled_from(list(Stage)))
+BODIES = st.one_of(
+    st.builds(
+        IntentRecorded,
+        op_id=ANY_FIELD,
+        kind=st.sampled_from(["pure", "effect"]),
+        tool_contract=st.text(max_size=4),
+        context=st.one_of(VALUES.filter(lambda v: isinstance(v, IntentContext)), ANY_FIELD),
+        context_digest=ANY_FIELD,
+        idempotency_key=st.text(max_size=4),
+        charge=st.one_of(st.builds(Usage, calls=st.integers(0, 5), fuel=st.integers(0, 2**70)), ANY_FIELD),
+    ),
+    st.builds(
+        TransitionRecorded,
+        from_stage=st.sampled_from(list(Stage)),
+        to_stage=ANY_FIELD,
+        state_digest=st.text(max_size=4),
+        charge=st.builds(Usage, stages=st.integers(0, 3)),
+        state_ref=st.one_of(st.none(), st.builds(BlobRef, st.text(max_size=3), st.integers(-2, 2**65), ANY_FIELD)),
+    ),
+    st.builds(ObservationRecorded, op_id=st.text(max_size=3), context_digest=ANY_FIELD,
+              outcome=st.just("ok"), charge=st.builds(Usage), result=ANY_FIELD),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(BODIES)
+def test_event_bodies_encode_as_the_reference_encoder(body: Any) -> None:
+    """For an event body holding any values, the fast path gives the reference's bytes or error."""
+    assert outcome(canonical_bytes, body, False) == outcome(_reference_bytes, body, False)
+
+
+def sealed_by_definition(head: int, submission: Submission, bodies: list[Any]) -> list[RecordedEvent]:
+    """The definition: an envelope's digest is that of its builtins without the digest key."""
+    sealed, prev = [], "sha256:" + "0" * 64
+    for offset, body in enumerate(bodies, start=1):
+        draft = RecordedEvent("run-é", head + offset, 3, submission.worker, submission.submission_id, 7, prev, body)
+        builtins = msgspec.to_builtins(draft)
+        del builtins["digest"]
+        sealed.append(msgspec.structs.replace(draft, digest=envelope_digest(builtins)))
+        prev = sealed[-1].digest
+    return sealed
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(BODIES, min_size=1, max_size=3), st.text(max_size=4), st.text(max_size=4))
+def test_seal_gives_the_digests_of_the_definition(bodies: list[Any], worker: str, submission_id: str) -> None:
+    """``seal`` assembles envelopes around their bodies' bytes: same digests (or error) as the definition."""
+    submission = Submission(submission_id, "run-é", worker, RenewLease(ttl_ms=1))
+
+    def run(sealer: Any) -> tuple[Any, ...]:
+        try:
+            return ("ok", sealer())
+        except Exception as exc:
+            return ("error", type(exc), str(exc))
+
+    fast = run(lambda: seal("run-é", 4, "sha256:" + "0" * 64, submission, 3, bodies, 7))
+    assert fast == run(lambda: sealed_by_definition(4, submission, bodies))

@@ -1,0 +1,36 @@
+"""The bounds prefilter: when the command's JSON text says "within bounds", the exact walk agrees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain import errors
+from domain.decide import _check_bounds, _surely_within_bounds
+
+LONG = st.integers(190, 210).map(lambda n: "x" * n)
+TEXT = st.one_of(st.text(max_size=8), LONG, st.just('q"uote\\'), st.just("é" * 150))
+KEYS = st.sampled_from(["op_id", "note", "size", "arguments", "result", "document", "items"])
+VALUES = st.recursive(
+    st.one_of(TEXT, st.integers(-3, 3), st.none(), st.booleans()),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.integers(250, 262).map(lambda n: [0] * n),
+        st.dictionaries(KEYS, children, max_size=4),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.dictionaries(KEYS, VALUES, max_size=5))
+def test_the_bounds_prefilter_never_passes_what_the_walk_refuses(plain: dict[str, Any]) -> None:
+    """Text the prefilter calls within bounds is never refused by ``_check_bounds``."""
+    if _surely_within_bounds(msgspec.json.encode(plain)):
+        try:
+            _check_bounds(plain, "command")
+        except errors.Malformed as exc:  # pragma: no cover - the failure this test exists to catch
+            raise AssertionError(f"prefilter passed a value the walk refuses: {exc}") from None
