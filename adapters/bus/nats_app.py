@@ -217,35 +217,44 @@ class _JetStreamSink:
         return int((last.headers or {}).get("Baton-Notification-Id", 0))
 
     async def publish(self, events: list[tuple[int, RecordedEvent]], after: int) -> bool:
-        js = self.bus.broker.connection.jetstream()
-        futures = [
-            await js.publish_async(
-                events_subject(event.run_id),
-                encode_event(event),
-                stream=EVENTS_STREAM,
-                headers={
-                    "Nats-Msg-Id": event_message_id(event),
-                    "Nats-Expected-Last-Sequence": str(self._last_seq + i),
-                    "Baton-Notification-Id": str(notification_id),
-                    "Baton-Run-Id": event.run_id,
-                    "Baton-Position": str(event.position),
-                },
+        """Publish a page; only its last message is acknowledged.
+
+        Every message expects the stream's last sequence to be the one before it, so the last
+        message is stored only if every earlier one was (messages of one connection arrive in
+        order) or another relay stored the same events in their place (both relay one log, in one
+        order). One acknowledgement per page instead of one per event: a reply inbox, a future and
+        a JSON ack per event cost a quarter of the service's CPU per verdict.
+        """
+        nc = self.bus.broker.connection
+        *earlier, (last_id, last) = events
+        for i, (notification_id, event) in enumerate(earlier):
+            await nc.publish(
+                events_subject(event.run_id), encode_event(event), headers=self._headers(i, notification_id, event)
             )
-            for i, (notification_id, event) in enumerate(events)
-        ]
-        ok = True
-        for future in futures:
-            try:
-                async with asyncio.timeout(_ACK_TIMEOUT):
-                    ack = await future
-            except APIError as exc:  # wrong last sequence: another relay published first
-                log.info("event relay resynchronising: %s", exc)
-                ok = False
-                continue
-            except TimeoutError:  # a lost ack must not stall the relay: resynchronise from the stream
-                log.warning("event relay: no publish ack after %s s; resynchronising", _ACK_TIMEOUT)
-                ok = False
-                continue
-            if ok and not ack.duplicate:
-                self._last_seq = ack.seq
-        return ok
+        try:
+            ack = await nc.jetstream().publish(
+                events_subject(last.run_id),
+                encode_event(last),
+                timeout=_ACK_TIMEOUT,
+                stream=EVENTS_STREAM,
+                headers=self._headers(len(earlier), last_id, last),
+            )
+        except APIError as exc:  # wrong last sequence: another relay got ahead, or an earlier one was refused
+            log.info("event relay resynchronising: %s", exc)
+            return False
+        except TimeoutError:  # a lost ack must not stall the relay: resynchronise from the stream
+            log.warning("event relay: no publish ack after %s s; resynchronising", _ACK_TIMEOUT)
+            return False
+        if ack.duplicate:  # already stored by another relay: where the stream ends is unknown here
+            return False
+        self._last_seq = ack.seq
+        return True
+
+    def _headers(self, offset: int, notification_id: int, event: RecordedEvent) -> dict[str, str]:
+        return {
+            "Nats-Msg-Id": event_message_id(event),
+            "Nats-Expected-Last-Sequence": str(self._last_seq + offset),
+            "Baton-Notification-Id": str(notification_id),
+            "Baton-Run-Id": event.run_id,
+            "Baton-Position": str(event.position),
+        }
