@@ -36,7 +36,7 @@ from domain.chain import ChainReport, seal, verify_chain
 from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
 from domain.decide import decide, envelope_epoch
 from domain.errors import ChainBroken
-from domain.events import RecordedEvent
+from domain.events import IntentRecorded, RecordedEvent
 from domain.fencing import fence_for
 from domain.state import RunState, apply, fold
 from projections.portable_state import PortableStateFold
@@ -214,10 +214,6 @@ class RunLedger(Application[str]):
                 self._states.popitem(last=False)
         return state
 
-    def _forget(self, run_id: str) -> None:
-        with self._lock:
-            self._states.pop(run_id, None)
-
     # -- writing -----------------------------------------------------------------------------
 
     def submit(self, submission: Submission) -> Verdict:
@@ -241,9 +237,12 @@ class RunLedger(Application[str]):
         every submission still gets exactly the verdict it would have had alone.
         """
         if 0 < len(submissions) <= MAX_EVENTS_PER_APPEND // 2:
-            verdicts = self._attempt(list(submissions), all_or_nothing=True, refresh=False)
-            if verdicts is not None:
-                return verdicts
+            # A second try on refreshed states: a batch that only lost a race to another process
+            # (its cached states were behind) stays one transaction.
+            for refresh in (False, True):
+                verdicts = self._attempt(list(submissions), all_or_nothing=True, refresh=refresh)
+                if verdicts is not None:
+                    return verdicts
         return [self.submit(s) for s in submissions]
 
     def _attempt(self, batch: list[Submission], *, refresh: bool, all_or_nothing: bool = False) -> list[Verdict] | None:
@@ -264,7 +263,7 @@ class RunLedger(Application[str]):
     ) -> list[Verdict] | None:
         now = self.clock.now()
         states = {run_id: self._current(run_id, refresh=refresh) for run_id in run_ids}
-        before = {run_id: msgspec.structs.replace(state) for run_id, state in states.items()}
+        before = {run_id: _undo_point(state) for run_id, state in states.items()}
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
         verdicts: list[Verdict] = []
@@ -273,7 +272,7 @@ class RunLedger(Application[str]):
             try:
                 bodies = decide(state, submission, now)
             except errors.Rejection as rejection:
-                self._forget_all(run_ids)  # earlier submissions of the batch were applied in place
+                self._roll_back(before, pending)  # earlier submissions of the batch were applied in place
                 if all_or_nothing or not refresh:
                     return None
                 return [self._after_rejection(submission, rejection)]
@@ -289,19 +288,32 @@ class RunLedger(Application[str]):
         try:
             self.events.put(pending, fences=fences, submissions=rows)
         except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
-            self._forget_all(run_ids)
+            self._roll_back(before, pending)
             return None if all_or_nothing else self._after_failed_append(batch[0], failure)
         except (OperationalError, InterfaceError) as exc:
-            self._forget_all(run_ids)
+            self._roll_back(before, pending)
             raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
         except BaseException:
-            self._forget_all(run_ids)  # the cached states hold events that were never stored
+            self._roll_back(before, pending)  # the cached states hold events that were never stored
             raise
         return verdicts
 
-    def _forget_all(self, run_ids: Sequence[str]) -> None:
-        for run_id in run_ids:
-            self._forget(run_id)
+    def _roll_back(self, before: dict[str, RunState], pending: Sequence[StoredRunEvent]) -> None:
+        """Put back the states as they were before the attempt: a prefix of the log, maybe stale.
+
+        Forgetting them instead would make the next decision fold the run from its first event
+        (the write side needs every op id): O(run length) for every lost race, which is every
+        request when two services share a run. A stale prefix costs one fence miss and a tail read.
+        """
+        for event in pending:
+            body = event.recorded.body
+            if isinstance(body, IntentRecorded):  # the only growth of the shared ``op_ids`` set
+                ids = before[event.recorded.run_id].op_ids
+                if ids is not None:
+                    ids.discard(body.op_id)
+        with self._lock:
+            for run_id, state in before.items():
+                self._states[run_id] = state
 
     def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
         if isinstance(failure, DuplicateSubmission):
@@ -339,6 +351,17 @@ class RunLedger(Application[str]):
             f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
         )
         return _rejected(submission, conflict)
+
+
+def _undo_point(state: RunState) -> RunState:
+    """A copy to roll back to: its own small maps; ``op_ids`` (the one that grows) stays shared."""
+    return msgspec.structs.replace(
+        state,
+        operations=dict(state.operations),
+        grants=dict(state.grants),
+        approvals=dict(state.approvals),
+        evidence=dict(state.evidence),
+    )
 
 
 def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpoch:

@@ -435,6 +435,7 @@ def test_failed_append_leaves_no_phantom_state(
     assert store.event_count(RUN) == 2
     state = ledger.state(RUN)
     assert (state.version, sorted(state.operations)) == (2, [])
+    assert worker.submit(intent("op-1")).position == 3  # the op id the failed append rolled back is free
 
 
 def test_append_after_a_failed_append_keeps_the_chain_intact(
@@ -453,3 +454,32 @@ def test_append_after_a_failed_append_keeps_the_chain_intact(
 
     assert verdict.verdict == "accepted"
     assert ledger_2.verify(RUN).events == store.event_count(RUN)
+
+
+def test_a_lost_race_reads_only_the_tail_and_decides_like_a_fresh_fold(
+    ledgers: LedgerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given two ledgers taking turns on one run, when each appends, then a miss reads the tail, never the whole run."""
+    ledger_1, ledger_2 = ledgers(), ledgers()
+    worker_1 = leased_run(ledger_1, ttl_ms=600_000)
+    worker_2 = Submitter(ledger_2, RUN, "A", epoch=worker_1.epoch, prefix="L2")
+    assert worker_2.submit(intent("op-warm")).verdict == "accepted"  # ledger 2 has folded the run once
+    reads: list[int] = []
+    for ledger in (ledger_1, ledger_2):
+        stored = ledger.stored
+
+        def spy(run_id: str, *, after: int = 0, _stored: Any = stored, **kwargs: Any) -> Any:
+            reads.append(after)
+            return _stored(run_id, after=after, **kwargs)
+
+        monkeypatch.setattr(ledger, "stored", spy)
+
+    for i in range(6):
+        worker = worker_1 if i % 2 else worker_2
+        assert worker.submit(intent(f"op-{i}")).verdict == "accepted"
+        assert worker.submit(intent(f"op-{i}")).reason == "duplicate_operation"  # op ids survive the misses
+
+    assert reads and min(reads) > 0  # every catch-up starts at a cached head, never at the first event
+    fresh = ledgers().state(RUN)
+    for ledger in (ledger_1, ledger_2):
+        assert ledger.state(RUN) == fresh
