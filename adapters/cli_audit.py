@@ -1,193 +1,35 @@
 """``baton audit``, ``explain``, ``export`` and ``verify-export``: the auditor's commands (issue 7).
 
-The audit reads the stored bytes of every run in one ordered scan (``originator_id``, then
-position), feeds them to ``projections.audit.AuditFold`` one run at a time and anchors each run's
-head to its run row; ``--all --jobs N`` splits a large PostgreSQL store into N key ranges of whole
-runs, one process each, joined in key order. Exit status: 0 no problem, 1 problems found, 2 usage,
-store or file errors.
+The audit itself is ``adapters.audit_runner`` (``--all --jobs N`` splits a large PostgreSQL store
+into N processes). Exit status: 0 no problem, 1 problems found, 2 usage, store or file errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import os
 import sys
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgspec
-from eventsourcing.persistence import PersistenceError
-from pydantic import ValidationError
 
+from adapters.audit_runner import AUDIT_ERRORS, AuditReport, audit_store, verify_export
 from adapters.bootstrap import open_ledger
 from adapters.eventstore import RunLedger
-from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
+from adapters.eventstore.audit_reader import stored_rows
 from adapters.report import add_report_parser
 from adapters.views import ProgressLine
 from domain.canonical import canonical_bytes
-from domain.errors import BatonError, StoreUnavailable
-from projections.audit import AuditFold, Problem
 from projections.explain import explain
 
-__all__ = ["AuditReport", "add_audit_parsers", "audit_store", "stored_rows", "verify_export"]
+__all__ = ["add_audit_parsers"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 PROGRESS_MIN_EVENTS = 10_000  # below this an audit takes well under a second: no bar
-PARALLEL_MIN_EVENTS = 50_000  # below this, starting worker processes costs more than they save
-_TICK = 1024  # events between progress updates
 _json = msgspec.json.Encoder()
 _generic = msgspec.json.Decoder()
-
-
-class AuditReport(msgspec.Struct):
-    ok: bool = True
-    runs_checked: int = 0
-    events_checked: int = 0
-    problems: list[Problem] = msgspec.field(default_factory=list)
-
-
-# -- the audit of a store ----------------------------------------------------------------------
-
-
-def audit_store(
-    ledger: RunLedger,
-    run_id: str | None = None,
-    *,
-    progress: Callable[[int], None] | None = None,
-    jobs: int = 1,
-    store: str | None = None,
-) -> AuditReport:
-    """Audit every run (or one): each run's events through an ``AuditFold``, its head against its run row.
-
-    With ``jobs > 1`` an audit of every run on PostgreSQL of at least ``PARALLEL_MIN_EVENTS``
-    events is split into that many key ranges, each audited by its own process on its own
-    connection to ``store`` (the URL ``ledger`` was opened with). Runs are never split, and the
-    parts are joined in key order, so the report is the one a single process gives.
-    """
-    rows = ledger.runs() if run_id is None else [r for r in [ledger.recorder.select_run(run_id)] if r]  # type: ignore[attr-defined]
-    anchors = {row.run_id: (row.head, row.head_digest) for row in rows}
-    postgres = hasattr(ledger.recorder.datastore, "schema")  # type: ignore[attr-defined]
-    if jobs > 1 and run_id is None and postgres and sum(r.head for r in rows) >= PARALLEL_MIN_EVENTS:
-        parts = _audit_parallel(store, key_ranges(rows, jobs), anchors, progress)
-    else:
-        parts = [_audit_range(ledger, run_id, (None, None), anchors, progress)]
-    report = AuditReport()
-    seen: set[str] = set()
-    for part, part_seen in parts:
-        report.problems.extend(part.problems)
-        report.runs_checked += part.runs_checked
-        report.events_checked += part.events_checked
-        seen |= part_seen
-    for missing in sorted(anchors.keys() - seen):  # a run row whose events are all gone
-        empty = AuditFold(missing)
-        report.problems.extend(empty.finish(anchors[missing]))
-        report.runs_checked += 1
-    if progress is not None:
-        progress(report.events_checked)
-    report.ok = not report.problems
-    return report
-
-
-_Anchors = dict[str, tuple[int, str]]
-
-
-def _audit_range(
-    ledger: RunLedger,
-    run_id: str | None,
-    key_range: KeyRange,
-    anchors: _Anchors,
-    progress: Callable[[int], None] | None,
-) -> tuple[AuditReport, set[str]]:
-    """The runs of one ordered scan, each anchored to its run row (if it has one), and the runs seen."""
-    report = AuditReport()
-    seen: set[str] = set()
-    fold: AuditFold | None = None
-
-    def close(fold: AuditFold) -> None:
-        report.problems.extend(fold.finish(anchors.get(fold.run_id), anchored=True))
-        report.runs_checked += 1
-        report.events_checked += fold.events
-
-    with contextlib.closing(stored_rows(ledger, run_id, key_range=key_range)) as stream:
-        for count, (originator_id, data) in enumerate(stream, start=1):
-            if fold is None or originator_id != fold.run_id:
-                if fold is not None:
-                    close(fold)
-                fold = AuditFold(originator_id)
-                seen.add(originator_id)
-            fold.apply_stored(data)
-            if progress is not None and count % _TICK == 0:
-                progress(count)
-    if fold is not None:
-        close(fold)
-    return report, seen
-
-
-def _audit_parallel(
-    store: str | None, ranges: list[KeyRange], anchors: _Anchors, progress: Callable[[int], None] | None
-) -> list[tuple[AuditReport, set[str]]]:
-    # fork where there is one: the workers inherit the loaded modules (a spawned one would spend
-    # about a second of CPU importing them) and touch nothing of the parent but its memory.
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    done = context.Value("q", 0)
-    with ProcessPoolExecutor(len(ranges), mp_context=context, initializer=_start_worker, initargs=(done,)) as pool:
-        futures = [pool.submit(_audit_part, store, key_range, anchors) for key_range in ranges]
-        while wait(futures, timeout=0.1 if progress else None).not_done:
-            if progress is not None:
-                progress(done.value)
-        return [future.result() for future in futures]
-
-
-_done: Any = None  # in a worker: the events audited by all workers, for the parent's progress bar
-
-
-def _start_worker(done: Any) -> None:
-    global _done  # noqa: PLW0603 - one per worker process, set once at its start
-    _done = done
-
-
-def _audit_part(store: str | None, key_range: KeyRange, anchors: _Anchors) -> tuple[AuditReport, set[str]]:
-    """One key range, in a worker process with its own connection."""
-    reported = 0
-
-    def tick(count: int) -> None:
-        nonlocal reported
-        with _done.get_lock():
-            _done.value += count - reported
-        reported = count
-
-    try:
-        ledger = open_ledger(store, one_shot=True)
-        try:
-            return _audit_range(ledger, None, key_range, anchors, tick)
-        finally:
-            ledger.close()
-    except _ERRORS as exc:  # the parent reports it; a library error may not survive pickling
-        raise StoreUnavailable(f"audit worker for {key_range}: {exc}") from None
-
-
-def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditReport:
-    """Verify an export with no store: chain, digests and the audit rules over its lines."""
-    report = AuditReport()
-    fold: AuditFold | None = None
-    for line in lines:
-        if not line.strip():
-            continue
-        if fold is None:
-            first = _generic.decode(line)
-            fold = AuditFold(str(first.get("run_id", "")) if isinstance(first, dict) else "")
-        fold.apply_stored(line)
-    if fold is None:
-        return report
-    anchor = (fold.head, expect_head) if expect_head is not None else None
-    report.problems = fold.finish(anchor)
-    report.runs_checked, report.events_checked = 1, fold.events
-    report.ok = not report.problems
-    return report
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -209,9 +51,6 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
-_ERRORS = (PersistenceError, BatonError, ValidationError, OSError, msgspec.DecodeError)
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     if (args.run_id is None) == (not args.all):
         return _fail("give a RUN_ID or --all (not both)")
@@ -221,7 +60,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             return _audit(ledger, args)
         finally:
             ledger.close()
-    except _ERRORS as exc:
+    except AUDIT_ERRORS as exc:
         return _fail(f"audit failed: {exc}")
 
 
@@ -250,7 +89,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 explanation = explain(events, args.run_id)
         finally:
             ledger.close()
-    except _ERRORS as exc:
+    except AUDIT_ERRORS as exc:
         return _fail(f"explain failed: {exc}")
     if explanation.position == 0:
         return _fail(f"no events for run {args.run_id!r}")
@@ -276,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             ledger.close()
             if args.output:
                 out.close()
-    except (*_ERRORS, TypeError, ValueError) as exc:
+    except (*AUDIT_ERRORS, TypeError, ValueError) as exc:
         return _fail(f"export failed: {exc}")
     if not written:
         return _fail(f"no events for run {args.run_id!r}")

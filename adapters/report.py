@@ -427,7 +427,7 @@ def cmd_report(args: argparse.Namespace, audit: Audit) -> int:
 
 
 def add_report_parser(sub: Any, store: argparse.ArgumentParser, audit: Audit) -> None:
-    """Register ``baton report``; ``audit`` is the real audit of one run (``cli_audit.audit_store``)."""
+    """Register ``baton report``; ``audit`` is the real audit of one run (``audit_runner.audit_store``)."""
     report = sub.add_parser("report", parents=[store], help="a run as one self-contained HTML page")
     report.add_argument("run_id", metavar="RUN_ID")
     report.add_argument("-o", "--output", metavar="FILE", help="default: RUN_ID.html")

@@ -20,7 +20,7 @@ submission rows are not written: the audit never reads them.
   ``SELECT originator_id, state ... ORDER BY originator_id, originator_version`` on a server-side
   cursor with binary results, 5000 rows a page) and a typed ``msgspec.json.Decoder(RecordedEvent)``
   decode of every row: the fastest sensible read that still decodes what it reads;
-* *audit*: ``adapters.cli_audit.audit_store`` on a fresh ledger (what ``baton audit --all --jobs 1``
+* *audit*: ``adapters.audit_runner.audit_store`` on a fresh ledger (what ``baton audit --all --jobs 1``
   runs: the same scan, ``AuditFold.apply_stored`` per event, the run-row anchors), asserting no problem;
 * with ``--jobs J > 1`` (default 2): *raw xJ* and *audit xJ*, the same two split into J key ranges
   of about equal event counts (``key_ranges``), one forked process and connection each (what
@@ -49,8 +49,8 @@ if str(ROOT) not in sys.path:  # `python bench/audit.py` puts bench/ first, not 
 import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 
+from adapters.audit_runner import audit_store  # noqa: E402
 from adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from adapters.cli_audit import audit_store  # noqa: E402
 from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows  # noqa: E402
 from adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
 from bench.machine import machine_info  # noqa: E402

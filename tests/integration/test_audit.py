@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters import cli_audit
-from adapters.cli_audit import audit_store
+from adapters import audit_runner
+from adapters.audit_runner import audit_store
 from adapters.clock import ManualClock
 from adapters.eventstore import RunLedger
 from adapters.eventstore.mapper import TOPIC_PREFIX
@@ -200,7 +200,7 @@ def test_the_audit_in_several_processes_reports_what_one_process_reports(
     )
     serial = audit_store(ledger)
     assert {p.run_id for p in serial.problems} == {"run-1", "run-2", "run-4", "run-5"}
-    monkeypatch.setattr(cli_audit, "PARALLEL_MIN_EVENTS", 0)  # these runs are tiny
+    monkeypatch.setattr(audit_runner, "PARALLEL_MIN_EVENTS", 0)  # these runs are tiny
     for jobs in (2, 3):
         parallel = audit_store(ledger, jobs=jobs, store=store.url)
         assert msgspec.to_builtins(parallel) == msgspec.to_builtins(serial), jobs
