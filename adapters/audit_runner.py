@@ -53,15 +53,17 @@ def audit_store(
 ) -> AuditReport:
     """Audit every run (or one): each run's events through an ``AuditFold``, its head against its run row.
 
-    With ``jobs > 1`` an audit of every run on PostgreSQL of at least ``PARALLEL_MIN_EVENTS``
-    events is split into that many key ranges, each audited by its own process on its own
+    With ``jobs > 1`` and ``store`` given, an audit of every run on PostgreSQL of at least
+    ``PARALLEL_MIN_EVENTS`` events is split into that many key ranges, each audited by its own process on its own
     connection to ``store`` (the URL ``ledger`` was opened with). Runs are never split, and the
     parts are joined in key order, so the report is the one a single process gives.
     """
     rows = ledger.runs() if run_id is None else [r for r in [ledger.recorder.select_run(run_id)] if r]  # type: ignore[attr-defined]
     anchors = {row.run_id: (row.head, row.head_digest) for row in rows}
     postgres = hasattr(ledger.recorder.datastore, "schema")  # type: ignore[attr-defined]
-    if jobs > 1 and run_id is None and postgres and sum(r.head for r in rows) >= PARALLEL_MIN_EVENTS:
+    # the workers open their own ledgers from ``store``: never split without it, or they could read
+    # another store ($BATON_STORE, the default file) and check it against this one's anchors
+    if jobs > 1 and store and run_id is None and postgres and sum(r.head for r in rows) >= PARALLEL_MIN_EVENTS:
         parts = _audit_parallel(store, key_ranges(rows, jobs), anchors, progress)
     else:
         parts = [_audit_range(ledger, run_id, (None, None), anchors, progress)]
@@ -118,7 +120,7 @@ def _audit_range(
 
 
 def _audit_parallel(
-    store: str | None, ranges: list[KeyRange], anchors: _Anchors, progress: Callable[[int], None] | None
+    store: str, ranges: list[KeyRange], anchors: _Anchors, progress: Callable[[int], None] | None
 ) -> list[tuple[AuditReport, set[str]]]:
     # fork where there is one: the workers inherit the loaded modules (a spawned one would spend
     # about a second of CPU importing them) and touch nothing of the parent but its memory.
@@ -140,7 +142,7 @@ def _start_worker(done: Any) -> None:
     _done = done
 
 
-def _audit_part(store: str | None, key_range: KeyRange, anchors: _Anchors) -> tuple[AuditReport, set[str]]:
+def _audit_part(store: str, key_range: KeyRange, anchors: _Anchors) -> tuple[AuditReport, set[str]]:
     """One key range, in a worker process with its own connection."""
     reported = 0
 

@@ -202,6 +202,7 @@ class _JetStreamSink:
     def __init__(self, bus: NatsBus) -> None:
         self.bus = bus
         self._last_seq = 0
+        self._refusals = 0
 
     async def last_position(self) -> int:
         js = self.bus.broker.connection.jetstream()
@@ -240,7 +241,11 @@ class _JetStreamSink:
                 headers=self._headers(len(earlier), last_id, last),
             )
         except APIError as exc:  # wrong last sequence: another relay got ahead, or an earlier one was refused
-            log.info("event relay resynchronising: %s", exc)
+            self._refusals += 1
+            # one refusal is a race with another relay; a run of them is a refusal for another reason
+            # (payload size, a full stream), which only the stream's own error names
+            level = logging.WARNING if self._refusals >= 3 else logging.INFO
+            log.log(level, "event relay resynchronising after %d refusals in a row: %s", self._refusals, exc)
             return False
         except TimeoutError:  # a lost ack must not stall the relay: resynchronise from the stream
             log.warning("event relay: no publish ack after %s s; resynchronising", _ACK_TIMEOUT)
@@ -248,6 +253,7 @@ class _JetStreamSink:
         if ack.duplicate:  # already stored by another relay: where the stream ends is unknown here
             return False
         self._last_seq = ack.seq
+        self._refusals = 0
         return True
 
     def _headers(self, offset: int, notification_id: int, event: RecordedEvent) -> dict[str, str]:

@@ -67,11 +67,14 @@ class Responder:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
 
     async def stop(self) -> None:
-        """Stop taking messages, then let the ones in flight finish (their callers are waiting)."""
+        """Stop taking messages, then let the ones in flight finish (their callers are waiting).
+
+        A drain, not an unsubscribe: messages already delivered to this client are answered too.
+        """
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(ConnectionClosedError):
-                await sub.unsubscribe()
+                await sub.drain()  # type: ignore[no-untyped-call]
         if self._in_flight:
             await asyncio.wait(set(self._in_flight), timeout=10)
 
@@ -126,6 +129,7 @@ class DurableConsumer:
         js = self.nc.jetstream()
         self._pull = await js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream, config=self.config)
         self._task = asyncio.create_task(self._consume(self._pull), name="baton-durable-consumer")
+        self._task.add_done_callback(_log_unexpected_exit)
 
     async def stop(self) -> None:
         """Cancel between batches only: a batch being appended finishes and is acknowledged."""
@@ -152,6 +156,10 @@ class DurableConsumer:
                 log.warning("durable submissions: %s; retrying", exc)
                 await asyncio.sleep(self.linger)
                 continue
+            except Exception:  # any other client or server error: never let the consumer die quietly
+                log.exception("durable submissions: fetch failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+                continue
             # shielded: a stop waits for the batch's verdicts and acks instead of abandoning them
             self._batch = asyncio.ensure_future(self._answer(messages))
             await asyncio.shield(self._batch)
@@ -169,3 +177,8 @@ class DurableConsumer:
                 await msg.ack()
         except Exception:  # unacknowledged: redelivered after ack_wait, answered duplicate if committed
             log.exception("durable submissions: a batch of %d was not acknowledged", len(messages))
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("durable submissions: the consumer stopped", exc_info=task.exception())

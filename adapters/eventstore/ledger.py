@@ -225,6 +225,10 @@ class RunLedger(Application[str]):
         for attempt in range(_MAX_ATTEMPTS):
             if attempt > 1:
                 time.sleep(random.uniform(0, min(0.064, 0.001 * 2**attempt)))
+            if attempt == _MAX_ATTEMPTS // 2:
+                # Refreshed and still losing: more likely a cached state that is not a prefix of the
+                # log (a bug elsewhere) than a race; fold the run from the log once.
+                self._forget_all([submission.run_id])
             verdict = self._attempt([submission], refresh=attempt > 0)
             if verdict is not None:
                 return verdict[0]
@@ -267,23 +271,27 @@ class RunLedger(Application[str]):
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
         verdicts: list[Verdict] = []
-        for submission in batch:
-            state = states[submission.run_id]
-            try:
-                bodies = decide(state, submission, now)
-            except errors.Rejection as rejection:
-                self._roll_back(before, pending)  # earlier submissions of the batch were applied in place
-                if all_or_nothing or not refresh:
-                    return None
-                return [self._after_rejection(submission, rejection)]
-            epoch = envelope_epoch(state, submission, bodies)
-            for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
-                apply(state, recorded)
-                pending.append(StoredRunEvent(recorded))
-            rows.append(
-                SubmissionRow(submission.submission_id, state.run_id, submission_digest(submission), state.version)
-            )
-            verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
+        try:
+            for submission in batch:
+                state = states[submission.run_id]
+                try:
+                    bodies = decide(state, submission, now)
+                except errors.Rejection as rejection:
+                    self._roll_back(before, pending)  # earlier submissions of the batch were applied in place
+                    if all_or_nothing or not refresh:
+                        return None
+                    return [self._after_rejection(submission, rejection)]
+                epoch = envelope_epoch(state, submission, bodies)
+                for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
+                    apply(state, recorded)
+                    pending.append(StoredRunEvent(recorded))
+                rows.append(
+                    SubmissionRow(submission.submission_id, state.run_id, submission_digest(submission), state.version)
+                )
+                verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
+        except BaseException:  # a bug or an interrupt mid-batch: the copies may hold unstored events too
+            self._forget_all(run_ids)
+            raise
         fences = [fence_for(before[run_id], states[run_id]) for run_id in run_ids]
         try:
             self.events.put(pending, fences=fences, submissions=rows)
@@ -297,6 +305,12 @@ class RunLedger(Application[str]):
             self._roll_back(before, pending)  # the cached states hold events that were never stored
             raise
         return verdicts
+
+    def _forget_all(self, run_ids: Sequence[str]) -> None:
+        """Drop the cached states: the next decision folds the runs again from the log (self-healing)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._states.pop(run_id, None)
 
     def _roll_back(self, before: dict[str, RunState], pending: Sequence[StoredRunEvent]) -> None:
         """Put back the states as they were before the attempt: a prefix of the log, maybe stale.

@@ -255,7 +255,8 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         For side tables written with an append (blobs its events reference, a view's fold): a fence
         violation or a conflict that raises rolls them back with the append; a fast-path compare-and-set
         miss (no error, nothing appended) still commits them, so they must be safe to run again: ON
-        CONFLICT DO NOTHING inserts, compare-and-set updates. They run after the run row is locked.
+        CONFLICT DO NOTHING inserts, compare-and-set updates. PostgreSQL runs the clauses of one statement
+        in no documented order, so they must not depend on the append's own writes.
         """
         return _Riding(self._riders, (ctes, params))
 

@@ -473,4 +473,24 @@ def _rows(
                 )
         elif isinstance(body, ThreadDeleted | ThreadPurged | CheckpointsHidden | ThreadPruned):
             hides.append((position, body))
-    return cp_rows, w_rows, hides
+    return _last_per_key(cp_rows, 3), _unique_writes(w_rows), hides
+
+
+def _last_per_key(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
+    """One row per key (the first ``width`` columns), the latest winning, as upserts in log order.
+
+    One statement cannot upsert a key twice ("ON CONFLICT DO UPDATE command cannot affect row a
+    second time"), and a fold can hold several events for one key.
+    """
+    return list({row[:width]: row for row in rows}.values())
+
+
+def _unique_writes(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Pending writes per key: the first regular write stays (insert if absent), a special one's
+    (negative ``idx``: errors, interrupts) latest wins, as LangGraph's own savers keep them."""
+    kept: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for row in rows:
+        key = row[:5]
+        if key not in kept or row[4] < 0:
+            kept[key] = row
+    return list(kept.values())

@@ -19,6 +19,7 @@ from integration_support import T0, TASK, LedgerFactory, RawStore, Submitter, in
 from adapters.bootstrap import init_store
 from adapters.clock import ManualClock
 from adapters.eventstore import RunLedger
+from adapters.eventstore import ledger as ledger_module
 from adapters.eventstore.fenced import FenceViolation
 from domain.budgets import Ceilings
 from domain.commands import OpenRun, RecordObservation, RecordTransition, RenewLease, Submission, Verdict
@@ -483,3 +484,27 @@ def test_a_lost_race_reads_only_the_tail_and_decides_like_a_fresh_fold(
     fresh = ledgers().state(RUN)
     for ledger in (ledger_1, ledger_2):
         assert ledger.state(RUN) == fresh
+
+
+def test_an_interrupt_in_the_middle_of_a_batch_leaves_no_phantom_state(
+    ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a batch interrupted after its first submission was applied, then nothing of it sticks anywhere."""
+    ledger = ledgers()
+    worker = leased_run(ledger)
+    real_seal, calls = ledger_module.seal, []
+
+    def seal_then_interrupt(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("between decide and put")
+        return real_seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "seal", seal_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ledger.submit_many([worker.submission(intent("op-1")), worker.submission(intent("op-2"))])
+    monkeypatch.setattr(ledger_module, "seal", real_seal)
+
+    assert store.event_count(RUN) == 2
+    assert ledger.state(RUN).version == 2
+    assert worker.submit(intent("op-1")).position == 3  # neither the position nor the op id is taken
