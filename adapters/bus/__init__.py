@@ -6,7 +6,15 @@ This package never imports the event store: it takes the ledger as a parameter (
 """
 
 from adapters.bus.kafka_app import KafkaBus, KafkaOptions
-from adapters.bus.nats_app import NatsBus, NatsOptions, durable_subject, events_subject, submit_subject
+from adapters.bus.nats_app import (
+    NatsBus,
+    NatsOptions,
+    durable_subject,
+    events_subject,
+    partition_mapping,
+    partition_subject,
+    submit_subject,
+)
 from adapters.bus.relay import EventRelay
 from adapters.bus.runner import build_bus, serve
 from adapters.bus.service import Ledger, SubmissionService
@@ -22,6 +30,8 @@ __all__ = [
     "build_bus",
     "durable_subject",
     "events_subject",
+    "partition_mapping",
+    "partition_subject",
     "serve",
     "submit_subject",
 ]

@@ -43,6 +43,8 @@ __all__ = [
     "NatsOptions",
     "durable_subject",
     "events_subject",
+    "partition_mapping",
+    "partition_subject",
     "submit_subject",
 ]
 
@@ -53,8 +55,25 @@ SUBMISSIONS_STREAM = "BATON_SUBMISSIONS"
 EVENTS_STREAM = "BATON_EVENTS"
 _ACK_TIMEOUT = 10.0
 _SUBMIT = "baton.runs.{run_id}.submit"
+_PARTITION = "baton.p.{partition}.runs.*.submit"
 _DURABLE = "baton.submissions.{run_id}"
 _EVENTS = "baton.events.{run_id}"
+
+
+def partition_subject(partition: int) -> str:
+    """The request-reply subject of one partition of the runs (``partition_mapping``)."""
+    return _PARTITION.format(partition=partition)
+
+
+def partition_mapping(count: int) -> dict[str, str]:
+    """The nats-server subject mapping that spreads runs over ``count`` partitions by run id.
+
+    Put it in the server's configuration (``mappings``) and give each ``baton serve`` the
+    partitions it owns (``--partitions``): a run's requests then always reach the same service,
+    whose cached state of the run stays current (docs/operations.md, Scaling out).
+    """
+    target = "baton.p.{{partition(" + str(count) + ",1)}}.runs.{{wildcard(1)}}.submit"
+    return {submit_subject("*"): target}
 
 
 def submit_subject(run_id: str) -> str:
@@ -80,6 +99,9 @@ class NatsOptions:
     durable_linger: float = 0.05  # seconds a durable batch waits to fill up
     ack_wait: float = 30.0  # seconds before an unacknowledged durable submission is redelivered
     relay: bool = True
+    # the run partitions this service answers (the server maps baton.runs.*.submit onto them);
+    # empty: answer baton.runs.*.submit directly, in one queue group with every other service
+    partitions: tuple[int, ...] = ()
     # Test seam: awaited after the verdicts of a durable batch are sent and before the ack.
     before_ack: Callable[[], Awaitable[None]] | None = None
 
@@ -116,7 +138,11 @@ class NatsBus(BusLifecycle):
         nc, options = self.broker.connection, self.options
         self._consumers = [
             Responder(
-                nc, self.service, subject=submit_subject("*"), queue=options.queue, max_in_flight=options.max_workers
+                nc,
+                self.service,
+                subjects=[partition_subject(k) for k in options.partitions] or [submit_subject("*")],
+                queue=options.queue,
+                max_in_flight=options.max_workers,
             ),
             DurableConsumer(
                 nc,

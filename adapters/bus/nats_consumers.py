@@ -49,30 +49,38 @@ def durable_consumer_config(*, batch: int, ack_wait: float) -> js_api.ConsumerCo
     )
 
 
-def _run_id(subject: str) -> str:
-    """The run token of ``baton.runs.<run_id>.submit`` or ``baton.submissions.<run_id>``."""
-    return subject.split(".")[2]
+def _request_run_id(subject: str) -> str:
+    """The run token of ``baton.runs.<run_id>.submit`` or ``baton.p.<k>.runs.<run_id>.submit``."""
+    return subject.rsplit(".", 2)[-2]
+
+
+def _durable_run_id(subject: str) -> str:
+    """The run token of ``baton.submissions.<run_id>``."""
+    return subject.rsplit(".", 1)[-1]
 
 
 class Responder:
     """Core request-reply: one task per message (at most ``max_in_flight``), the verdict as the reply."""
 
-    def __init__(self, nc: NatsClient, service: SubmissionService, *, subject: str, queue: str, max_in_flight: int):
-        self.nc, self.service, self.subject, self.queue = nc, service, subject, queue
+    def __init__(
+        self, nc: NatsClient, service: SubmissionService, *, subjects: list[str], queue: str, max_in_flight: int
+    ):
+        self.nc, self.service, self.subjects, self.queue = nc, service, subjects, queue
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
+        for subject in self.subjects:
+            self._subs.append(await self.nc.subscribe(subject, queue=self.queue, cb=self._on_message))
 
     async def stop(self) -> None:
         """Stop taking messages, then let the ones in flight finish (their callers are waiting).
 
         A drain, not an unsubscribe: messages already delivered to this client are answered too.
         """
-        sub, self._sub = self._sub, None
-        if sub is not None:
+        subs, self._subs = self._subs, []
+        for sub in subs:
             with contextlib.suppress(ConnectionClosedError):
                 await sub.drain()  # type: ignore[no-untyped-call]
         if self._in_flight:
@@ -88,7 +96,7 @@ class Responder:
 
     async def _answer(self, msg: Msg) -> None:
         try:
-            verdict = await self.service.handle(msg.data, run_id=_run_id(msg.subject))
+            verdict = await self.service.handle(msg.data, run_id=_request_run_id(msg.subject))
             if msg.reply:
                 await self.nc.publish(msg.reply, encode_verdict(verdict))
         except Exception:  # the service answers bad input itself; this is a lost connection or a bug
@@ -166,7 +174,7 @@ class DurableConsumer:
 
     async def _answer(self, messages: list[Msg]) -> None:
         try:
-            verdicts = await self.service.handle_ordered([(m.data, _run_id(m.subject)) for m in messages])
+            verdicts = await self.service.handle_ordered([(m.data, _durable_run_id(m.subject)) for m in messages])
             for msg, verdict in zip(messages, verdicts, strict=True):
                 reply = (msg.headers or {}).get(REPLY_HEADER)
                 if reply:

@@ -34,8 +34,9 @@ from nats.js.errors import NotFoundError
 
 from adapters.bootstrap import open_ledger
 from adapters.bus import NatsBus, NatsOptions
-from adapters.bus.nats_app import REPLY_HEADER, durable_subject
+from adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
 from adapters.eventstore import RunLedger
+from adapters.local_servers import LocalNats
 from adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
 from domain.commands import ExpireLease, Verdict
 
@@ -275,3 +276,41 @@ def test_the_events_stream_equals_the_store_and_resumes_after_a_restart_without_
                     assert [e for _, e in await stream_events(nc, run_id)] == list(ledger.history(run_id))
 
     run(scenario())
+
+
+def test_partitioned_services_each_answer_every_request_of_their_runs(bus_store_url: str) -> None:
+    """Given runs mapped onto 4 partitions and two services owning two each, then each run has one service."""
+    answered: dict[str, set[str]] = {"A": set(), "B": set()}
+
+    def recording(bus: NatsBus, name: str) -> None:
+        handle = bus.service.handle
+
+        async def spy(raw: bytes, *, run_id: str | None = None) -> Verdict:
+            answered[name].add(str(run_id))
+            return await handle(raw, run_id=run_id)
+
+        bus.service.handle = spy  # type: ignore[method-assign]
+
+    async def scenario(url: str) -> None:
+        async with (
+            serving(bus_store_url, url, NatsOptions(partitions=(0, 1))) as (bus_a, ledger),
+            serving(bus_store_url, url, NatsOptions(partitions=(2, 3), relay=False)) as (bus_b, _),
+            client(url) as nc,
+        ):
+            recording(bus_a, "A")
+            recording(bus_b, "B")
+            runs = [f"run-{i}" for i in range(8)]
+            for run_id in runs:
+                await request(nc, open_run(run_id))
+                await request(nc, acquire(run_id, "w"))
+            verdicts = await asyncio.gather(
+                *(request(nc, intent(run_id, "w", 1, f"op-{n}")) for n in range(3) for run_id in runs)
+            )
+            assert {v.verdict for v in verdicts} == {"accepted"}
+            assert answered["A"] and answered["B"]  # both partitions' owners served
+            assert not answered["A"] & answered["B"]  # and never the same run
+            assert answered["A"] | answered["B"] == set(runs)
+            assert all(ledger.verify(run_id).events == 5 for run_id in runs)
+
+    with LocalNats(mappings=partition_mapping(4)) as server:
+        run(scenario(server.url))
