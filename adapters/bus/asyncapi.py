@@ -2,7 +2,7 @@
 
 Regenerate the committed copy with::
 
-    faststream docs gen adapters.bus.asyncapi:spec --yaml --out docs/asyncapi.yaml
+    PYTHONHASHSEED=0 faststream docs gen adapters.bus.asyncapi:spec --yaml --out docs/asyncapi.yaml  # fixed order
 
 The brokers are built for description only: nothing connects and no ledger is opened.
 """

@@ -188,6 +188,13 @@ def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = No
         description="A submission (request); the reply is its verdict. Same JSON as `baton submit`.",
     )(never_called)
     broker.subscriber(
+        _PARTITION.format(partition="*"),
+        queue=options.queue,
+        title="nats-submit-partitioned",
+        description="The same request-reply, for a service started with --partitions: the server maps "
+        "baton.runs.<run_id>.submit onto baton.p.<k>.runs.<run_id>.submit (partition_mapping).",
+    )(never_called)
+    broker.subscriber(
         durable_subject("*"),
         stream=JStream(SUBMISSIONS_STREAM, declare=False),
         durable=options.queue,
