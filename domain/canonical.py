@@ -11,12 +11,23 @@ single decimal spelling.
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-__all__ = ["OPAQUE_KEYS", "ZERO_DIGEST", "canonical_bytes", "canonical_value", "digest_of", "short"]
+__all__ = [
+    "OPAQUE_KEYS",
+    "ZERO_DIGEST",
+    "canonical_bytes",
+    "canonical_value",
+    "digest_of",
+    "short",
+    "struct_canonical_bytes",
+]
 
 OPAQUE_KEYS = frozenset({"arguments", "result"})
 
@@ -71,6 +82,8 @@ def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
     Sets are written sorted, so their bytes do not depend on a process's hash seed.
     """
     try:
+        if not opaque and isinstance(value, msgspec.Struct):
+            return _struct_bytes(value) + b"\n"
         plain = value if type(value) in _PLAIN else msgspec.to_builtins(value, order="deterministic")
         if opaque:
             _check_opaque(plain)
@@ -78,6 +91,17 @@ def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
         return _encoder.encode(_schema(plain)) + b"\n"
     except (_NotPlain, TypeError, ValueError):
         return _reference_bytes(value, opaque=opaque)  # same bytes, or the reference path's exact error
+
+
+def struct_canonical_bytes(value: msgspec.Struct) -> bytes | None:
+    """``canonical_bytes(value)`` without its newline, or None when only the reference path can say.
+
+    For a caller with its own definition to fall back on (``seal`` has the whole envelope's).
+    """
+    try:
+        return _struct_bytes(value)
+    except (_NotPlain, TypeError, ValueError):
+        return None
 
 
 def _reference_bytes(value: Any, *, opaque: bool) -> bytes:
@@ -170,6 +194,94 @@ def _check_opaque(value: Any) -> None:
 
 
 _OPAQUE_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+# Structs (every event body and its parts) are encoded without building their builtins first: each
+# Struct class gets a compiled encoder that fills its fields' texts into one template of its sorted
+# ``"key":`` prefixes, writing strings and ints inline when they have exactly their declared type.
+# JSON text is the concatenation of its members' texts, so the bytes are the reference's; anything
+# unusual (a float, a subclass, a set, a Struct inside an opaque payload) raises ``_NotPlain``.
+
+_strings = msgspec.json.Encoder()  # a string's JSON text: the same escaping as ``_encoder``
+
+
+def _value_bytes(value: Any, opaque: bool) -> bytes:  # noqa: PLR0911 - one flat dispatch by type
+    kind = type(value)
+    if kind is str:
+        return _strings.encode(value)
+    if kind is int:
+        return b"%d" % value if opaque else b'"%d"' % value
+    if value is None:
+        return b"null"
+    if kind is bool:
+        return b"true" if value else b"false"
+    if kind is list or kind is tuple:
+        return b"[" + b",".join([_value_bytes(item, opaque) for item in value]) + b"]"
+    if kind is dict:
+        if opaque:
+            _check_opaque(value)
+            return _encoder.encode(value)
+        return _encoder.encode(_schema_dict(value))
+    if not opaque and isinstance(value, msgspec.Struct):
+        return _struct_bytes(value)
+    if isinstance(value, enum.Enum) and type(value.value) is str:
+        return _strings.encode(value.value)  # as ``to_builtins`` writes a string-valued enum
+    raise _NotPlain
+
+
+def _struct_bytes(value: msgspec.Struct) -> bytes:
+    encode = _STRUCT_ENCODERS.get(type(value))
+    if encode is None:
+        encode = _STRUCT_ENCODERS[type(value)] = _compile(type(value))
+    return encode(value)
+
+
+_STRUCT_ENCODERS: dict[type, Callable[[Any], bytes]] = {}
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _compile(cls: type) -> Callable[[Any], bytes]:
+    """The encoder of one Struct class, or one that always defers to the reference path."""
+    info = msgspec.inspect.type_info(cls)
+    if not isinstance(info, msgspec.inspect.StructType) or info.array_like or _omits_defaults(cls):
+        return _defer
+    members: list[tuple[str, msgspec.inspect.Field | None]] = [(f.encode_name, f) for f in info.fields]
+    if info.tag_field is not None:
+        if type(info.tag) is not str:
+            return _defer
+        members.append((info.tag_field, None))
+    if not all(_IDENTIFIER.fullmatch(key) for key, _ in members):
+        return _defer  # keys of lower-case letters, digits and _ sort the same as their JSON texts
+    pieces, values = [], []
+    for key, field in sorted(members, key=lambda member: member[0]):
+        if field is None:
+            pieces.append(b'"%b":%b' % (key.encode(), _strings.encode(info.tag).replace(b"%", b"%%")))
+            continue
+        pieces.append(b'"%b":%%b' % key.encode())
+        value = f"v.{field.name}"
+        if key in OPAQUE_KEYS:
+            values.append(f"V({value}, True)")
+        elif isinstance(field.type, msgspec.inspect.StrType):
+            values.append(f"(S(x) if type(x := {value}) is str else V(x, False))")
+        elif isinstance(field.type, msgspec.inspect.IntType):
+            values.append(f"(b'\"%d\"' % x if type(x := {value}) is int else V(x, False))")
+        else:
+            values.append(f"V({value}, False)")
+    template = b"{" + b",".join(pieces) + b"}"
+    source = f"def encode(v):\n    return {template!r} % ({', '.join(values)},)\n"
+    namespace: dict[str, Any] = {"S": _strings.encode, "V": _value_bytes}
+    exec(source, namespace)  # generated from the class's own field names, checked above
+    encode: Callable[[Any], bytes] = namespace["encode"]
+    return encode
+
+
+def _omits_defaults(cls: type) -> bool:
+    config = getattr(cls, "__struct_config__", None)
+    return config is None or bool(config.omit_defaults)
+
+
+def _defer(value: Any) -> bytes:
+    raise _NotPlain
 
 
 def digest_of(prefix: bytes, data: bytes) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of
+from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, struct_canonical_bytes
 from domain.commands import Submission
 from domain.errors import ChainBroken
 from domain.events import Event, RecordedEvent
@@ -53,8 +53,8 @@ def seal(
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        if spliced and type(prev) is str:
-            body_bytes = canonical_bytes(msgspec.to_builtins(body))[:-1]  # as nested in the envelope's builtins
+        body_bytes = struct_canonical_bytes(body) if spliced and type(prev) is str else None
+        if body_bytes is not None:
             middle = b'","prev_digest":%b' % _strings.encode(prev)
             digest = digest_of(EVENT_PREFIX, b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail))
         else:

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "NAMES", "find_credential"]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "NAMES", "find_credential", "may_hold_credential"]
 
 MAX_DEPTH = 64
 MAX_NODES = 1_000_000  # every node of a 1 MiB JSON document takes at least 2 bytes
@@ -116,12 +116,18 @@ def find_credential(value: Any, *, encoded: bytes | None = None) -> str | None:
         text = _encoder.encode(value) if encoded is None else encoded
     except (TypeError, ValueError, OverflowError, RecursionError):
         return _walk(value)  # not JSON-shaped (or too deep to encode): walk it
+    return _walk(value) if may_hold_credential(text) else None
+
+
+def may_hold_credential(text: bytes) -> bool:
+    """False only when ``find_credential`` of the value whose JSON text this is finds nothing.
+
+    The text is ``msgspec.json.encode(value)``, of the value or of its builtins (the same text).
+    """
     containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
     if len(text) >= 2 * MAX_NODES or containers >= MAX_DEPTH:
-        return _walk(value)  # possibly past a bound: the walk fails closed there
-    if _FORMAT_LITERALS.search(text) is not None or _suspect_key(text):
-        return _walk(value)
-    return None
+        return True  # possibly past a bound: the walk fails closed there
+    return _FORMAT_LITERALS.search(text) is not None or _suspect_key(text)
 
 
 def _suspect_key(text: bytes) -> bool:

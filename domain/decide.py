@@ -38,7 +38,7 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.credentials import find_credential
+from domain.credentials import find_credential, may_hold_credential
 from domain.events import (
     BlobRef,
     CheckpointSealed,
@@ -180,15 +180,20 @@ def _check_ids(submission: Submission) -> None:
 
 
 def _screen(command: Any) -> None:
-    """Bounds first, then credentials; one JSON encoding of the command serves both prefilters."""
-    plain = msgspec.to_builtins(command)
+    """Bounds first, then credentials; the command's JSON text proves most commands pass both.
+
+    A Struct encodes to the same text as its builtins, so the walks' input is built only when a
+    prefilter is unsure.
+    """
     try:
-        text: bytes | None = _json.encode(plain)
+        text: bytes | None = _json.encode(command)
     except (TypeError, ValueError, OverflowError, RecursionError):
         text = None
-    if text is None or not _surely_within_bounds(text):
-        _check_bounds(plain, "command")
-    found = find_credential(plain, encoded=text)
+    if text is not None and _surely_within_bounds(text) and not may_hold_credential(text):
+        return
+    plain = msgspec.to_builtins(command)
+    _check_bounds(plain, "command")
+    found = find_credential(plain)
     if found:
         raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
 
