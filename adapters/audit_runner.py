@@ -104,12 +104,13 @@ def _audit_range(
         report.runs_checked += 1
         report.events_checked += fold.events
 
+    current: str | None = None  # the run of ``fold``
     with contextlib.closing(stored_rows(ledger, run_id, key_range=key_range)) as stream:
         for count, (originator_id, data) in enumerate(stream, start=1):
-            if fold is None or originator_id != fold.run_id:
+            if originator_id != current or fold is None:
                 if fold is not None:
                     close(fold)
-                fold = AuditFold(originator_id)
+                fold, current = AuditFold(originator_id), originator_id
                 seen.add(originator_id)
             fold.apply_stored(data)
             if progress is not None and count % _TICK == 0:

@@ -17,6 +17,11 @@ sequential request-reply: send, wait for the verdict, send the next) for a fixed
   limit: no decode, no store);
 * ``direct append``: ``ledger.submit`` in W threads of this process (the store limit: no bus).
 
+Each cell also reports CPU per verdict (process CPU time over the cell, warm-up included, divided
+by every verdict of the cell): of the service processes (``serve``: the echo responder for ``nats
+echo``) and of this process (``client``; the appending threads for ``direct append``). Every
+process shares the same cores, so a cheaper client or service is more verdicts per second.
+
 All cells use one fresh embedded PostgreSQL and one nats-server (two for the partitioned cells);
 servers are removed at the end.
 """
@@ -28,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,6 +83,9 @@ class Cell:
     rejected: int
     p50_ms: float
     p99_ms: float
+    total: int = 0  # verdicts including the warm-up: what the CPU columns divide by
+    serve_cpu_ms: float = float("nan")  # CPU per verdict of the service process(es)
+    client_cpu_ms: float = float("nan")  # CPU per verdict of this process
 
     @property
     def rate(self) -> float:
@@ -101,22 +110,26 @@ def prepare_runs(ledger: RunLedger, prefix: str, count: int) -> list[tuple[str, 
     return runs
 
 
-def summarise(name: str, workers: int, latencies: list[float], seconds: float, rejected: int) -> Cell:
+def summarise(name: str, workers: int, latencies: list[float], seconds: float, rejected: int, total: int) -> Cell:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
     p50 = statistics.median(ordered) if ordered else float("nan")
-    return Cell(name, workers, len(ordered), seconds, rejected, p50 * 1e3, p99 * 1e3)
+    return Cell(name, workers, len(ordered), seconds, rejected, p50 * 1e3, p99 * 1e3, total)
 
 
-async def drive(workers: int, seconds: float, call: Callable[[int, int], Awaitable[bool]]) -> tuple[list[float], int]:
-    """Run ``workers`` sequential loops for ``seconds`` after a short warm-up; latencies of the measured part."""
+async def drive(
+    workers: int, seconds: float, call: Callable[[int, int], Awaitable[bool]]
+) -> tuple[list[float], int, int]:
+    """Run ``workers`` sequential loops for ``seconds`` after a short warm-up: latencies of the
+    measured part, rejections among them, and every call made (the warm-up too)."""
     latencies: list[float] = []
     rejected = 0
+    total = 0
     start = time.perf_counter()
     warm_until, stop_at = start + 0.5, start + 0.5 + seconds
 
     async def loop(w: int) -> None:
-        nonlocal rejected
+        nonlocal rejected, total
         n = 0
         while True:
             t0 = time.perf_counter()
@@ -124,12 +137,13 @@ async def drive(workers: int, seconds: float, call: Callable[[int, int], Awaitab
                 return
             ok = await call(w, n)
             n += 1
+            total += 1
             if t0 >= warm_until:
                 latencies.append(time.perf_counter() - t0)
                 rejected += not ok
 
     await asyncio.gather(*(loop(w) for w in range(workers)))
-    return latencies, rejected
+    return latencies, rejected, total
 
 
 async def bus_cell(nats_url: str, runs: list[tuple[str, str]], workers: int, seconds: float, name: str) -> Cell:
@@ -142,10 +156,10 @@ async def bus_cell(nats_url: str, runs: list[tuple[str, str]], workers: int, sec
         return decode_verdict(reply.data).verdict == "accepted"
 
     try:
-        latencies, rejected = await drive(workers, seconds, call)
+        latencies, rejected, total = await drive(workers, seconds, call)
     finally:
         await nc.close()
-    return summarise(name, workers, latencies, seconds, rejected)
+    return summarise(name, workers, latencies, seconds, rejected, total)
 
 
 async def echo_cell(nats_url: str, workers: int, seconds: float) -> Cell:
@@ -157,16 +171,17 @@ async def echo_cell(nats_url: str, workers: int, seconds: float) -> Cell:
         return len(reply.data) == len(raw)
 
     try:
-        latencies, rejected = await drive(workers, seconds, call)
+        latencies, rejected, total = await drive(workers, seconds, call)
     finally:
         await nc.close()
-    return summarise("nats echo", workers, latencies, seconds, rejected)
+    return summarise("nats echo", workers, latencies, seconds, rejected, total)
 
 
 def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, seconds: float) -> Cell:
     ledger = open_ledger(store_url)
     latencies: list[float] = []
     rejected = [0]
+    total = [0]
     lock = threading.Lock()
     start = time.perf_counter()
     warm_until, stop_at = start + 0.5, start + 0.5 + seconds
@@ -174,15 +189,17 @@ def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, secon
     def loop(w: int) -> None:
         run_id, worker = runs[w]
         mine: list[float] = []
-        bad = 0
+        bad = calls = 0
         while (t0 := time.perf_counter()) < stop_at:
             ok = ledger.submit(intent(run_id, worker, next_op(run_id))).verdict == "accepted"
+            calls += 1
             if t0 >= warm_until:
                 mine.append(time.perf_counter() - t0)
                 bad += not ok
         with lock:
             latencies.extend(mine)
             rejected[0] += bad
+            total[0] += calls
 
     threads = [threading.Thread(target=loop, args=(w,)) for w in range(workers)]
     for thread in threads:
@@ -190,7 +207,7 @@ def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, secon
     for thread in threads:
         thread.join()
     ledger.close()
-    return summarise("direct append", workers, latencies, seconds, rejected[0])
+    return summarise("direct append", workers, latencies, seconds, rejected[0], total[0])
 
 
 # -- helper processes ----------------------------------------------------------------------------
@@ -228,7 +245,8 @@ def echo_main(nats_url: str) -> None:
 
 
 @contextlib.contextmanager
-def helper(*args: str) -> Iterator[None]:
+def helper(*args: str) -> Iterator[int]:
+    """A helper process of this script (``--serve`` or ``--echo``), ready; yields its pid."""
     proc = subprocess.Popen(
         [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT
     )
@@ -237,7 +255,7 @@ def helper(*args: str) -> Iterator[None]:
         line = proc.stdout.readline()
         if "ready" not in line:
             raise RuntimeError(f"helper {args[0]} did not start: {line!r}")
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -259,12 +277,32 @@ def cpu_ticks() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields)
 
 
-def measure(cells: list[Cell], busy: dict[str, float], name: str, cell: Callable[[int], Cell]) -> None:
-    """One scenario at every worker count, with the machine's CPU share during each cell."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(
+    cells: list[Cell], busy: dict[str, float], name: str, cell: Callable[[int], Cell], servers: tuple[int, ...] = ()
+) -> None:
+    """One scenario at every worker count, with the machine's CPU share during each cell and the CPU
+    per verdict of the ``servers`` (pids) and of this process."""
     for workers in WORKERS:
-        before = cpu_ticks()
-        cells.append(cell(workers))
+        before, client = cpu_ticks(), own_cpu()
+        served = sum(process_cpu(pid) for pid in servers)
+        result = cell(workers)
         busy[f"{name} x{workers}"] = cpu_busy(before, cpu_ticks())
+        if result.total:
+            result.client_cpu_ms = (own_cpu() - client) / result.total * 1e3
+            if servers:
+                result.serve_cpu_ms = (sum(process_cpu(pid) for pid in servers) - served) / result.total * 1e3
+        cells.append(result)
 
 
 def over_bus(url: str, runs: list[tuple[str, str]], seconds: float, name: str) -> Callable[[int], Cell]:
@@ -281,17 +319,19 @@ def run_all(seconds: float) -> tuple[list[Cell], dict[str, float]]:
         runs = {name: prepare_runs(setup, name, max(WORKERS)) for name in ("gc", "single", "direct", "parts")}
         setup.close()
         for group_commit, name, key in ((True, GROUP_COMMIT, "gc"), (False, NO_GROUP_COMMIT, "single")):
-            with helper("--serve", ns.url, store, "1" if group_commit else "0", "-"):
-                measure(cells, busy, name, over_bus(ns.url, runs[key], seconds, name))
+            with helper("--serve", ns.url, store, "1" if group_commit else "0", "-") as pid:
+                measure(cells, busy, name, over_bus(ns.url, runs[key], seconds, name), (pid,))
         # two services, each owning one of two run partitions: its own nats-server, with the mapping
         with (
             LocalNats(mappings=partition_mapping(2)) as mapped,
-            helper("--serve", mapped.url, store, "1", "0"),
-            helper("--serve", mapped.url, store, "1", "1"),
+            helper("--serve", mapped.url, store, "1", "0") as first,
+            helper("--serve", mapped.url, store, "1", "1") as second,
         ):
-            measure(cells, busy, PARTITIONED, over_bus(mapped.url, runs["parts"], seconds, PARTITIONED))
-        with helper("--echo", ns.url):
-            measure(cells, busy, "nats echo", lambda w: asyncio.run(echo_cell(ns.url, w, seconds)))
+            measure(
+                cells, busy, PARTITIONED, over_bus(mapped.url, runs["parts"], seconds, PARTITIONED), (first, second)
+            )
+        with helper("--echo", ns.url) as echo:
+            measure(cells, busy, "nats echo", lambda w: asyncio.run(echo_cell(ns.url, w, seconds)), (echo,))
         measure(cells, busy, "direct append", lambda w: direct_cell(store, runs["direct"], w, seconds))
     return cells, busy
 
@@ -319,13 +359,17 @@ def main() -> int:
     print(f"# bus benchmark ({'quick' if args.quick else 'full'}: {seconds:.0f} s per cell)\n")
     for key, value in info.items():
         print(f"* {key}: {value}")
-    print("\n| scenario | workers | verdicts/s | p50 ms | p99 ms | rejected | machine CPU busy |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| scenario | workers | verdicts/s | p50 ms | p99 ms | rejected | machine CPU busy "
+        "| serve CPU ms/verdict | client CPU ms/verdict |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for cell in cells:
         share = busy[f"{cell.scenario} x{cell.workers}"]
+        serve = "-" if cell.serve_cpu_ms != cell.serve_cpu_ms else f"{cell.serve_cpu_ms:.3f}"  # nan: no service
         print(
             f"| {cell.scenario} | {cell.workers} | {cell.rate:,.0f} | {cell.p50_ms:.2f} | {cell.p99_ms:.2f} "
-            f"| {cell.rejected} | {share:.0%} |"
+            f"| {cell.rejected} | {share:.0%} | {serve} | {cell.client_cpu_ms:.3f} |"
         )
     rate = {(c.scenario, c.workers): c.rate for c in cells}
     gains = [f"x{w}: {rate[GROUP_COMMIT, w] / rate[NO_GROUP_COMMIT, w]:.2f}x" for w in WORKERS]

@@ -25,6 +25,7 @@ __all__ = [
     "canonical_bytes",
     "canonical_value",
     "digest_of",
+    "is_plain_opaque",
     "short",
     "struct_canonical_bytes",
 ]
@@ -174,6 +175,15 @@ def _schema_list(value: list[Any] | tuple[Any, ...]) -> list[Any]:
         else:
             raise _NotPlain
     return out
+
+
+def is_plain_opaque(value: Any) -> bool:
+    """Whether the sorted encoder writes this opaque payload as the reference does (exact builtins, string keys)."""
+    try:
+        _check_opaque(value)
+    except _NotPlain:
+        return False
+    return True
 
 
 def _check_opaque(value: Any) -> None:

@@ -54,7 +54,7 @@ from domain.events import (
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
-from projections.audit_digest import Unsupported, recorded_digest
+from projections.audit_digest import Unsupported, recorded_digests
 from projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
@@ -122,6 +122,7 @@ class AuditFold:
         self.head = 0  # the last position read in order
         self.head_digest: str | None = ZERO_DIGEST  # None after an undecodable event: the next link is unknown
         self._rules = RULES if rules is None else rules
+        self._chains: dict[type[Any], tuple[Rule, ...]] = {}  # per body type: ENVELOPE_RULES, then its rules
         self._held: _Item | None = None  # an event after a gap: is the next one the missing position?
         self._finished: list[Problem] | None = None
 
@@ -138,7 +139,12 @@ class AuditFold:
         # not match, takes the reference path below, which also words the problems.
         try:
             typed = _typed.decode(data)
-            if _stored_encoder.encode(typed) == data and recorded_digest(typed) == typed.digest:
+            if _stored_encoder.encode(typed) == data:
+                digest, quoted = recorded_digests(typed, plain_strings=b"\\" not in data)  # msgspec escapes with one
+                if digest != typed.digest:
+                    raise Unsupported  # the reference path words the mismatch
+                if quoted is not None and quoted == typed.body.context_digest:  # type: ignore[union-attr]  # an intent
+                    self.state.context_checked = typed.body.context  # type: ignore[union-attr]  # ``intent`` need not redo it
                 if typed.position == self.head + 1 and self._held is None and typed.run_id == self.state.run_id:
                     self._in_order(typed.position, typed.prev_digest, typed.digest, typed)  # _intake's common case
                 else:
@@ -221,9 +227,11 @@ class AuditFold:
             return
         state = self.state
         state.position = event.position
-        for rule in ENVELOPE_RULES:
-            rule(state, event)
-        for rule in self._rules.get(type(event.body), ()):
+        kind = type(event.body)
+        chain = self._chains.get(kind)
+        if chain is None:
+            chain = self._chains[kind] = (*ENVELOPE_RULES, *self._rules.get(kind, ()))
+        for rule in chain:
             rule(state, event)
 
     def finish(self, anchor: tuple[int, str] | None = None, *, anchored: bool = False) -> list[Problem]:

@@ -1,19 +1,29 @@
-"""The canonical bytes of a *decoded* envelope, without the detour through builtins.
+"""The canonical bytes of a *decoded* envelope, written straight from its fields.
 
 ``domain.canonical.canonical_bytes`` is the definition: builtins of the envelope, every schema
 integer as a decimal string, keys sorted, opaque payloads (``arguments``, ``result``) kept as they
 are. The audit decodes every stored envelope into its typed form anyway (the rules need it), so
-here each Struct type gets, once, a small generated function that copies a decoded value into a
-*twin* Struct whose fields are the encoded names in sorted order (the body's ``type`` tag
-included): integers become their decimal strings, nested Structs their twins, opaque payloads a
-key-sorted copy. msgspec then writes the twin in field order, in C.
+here each Struct type gets, once, a small generated *writer*: one f-string holding its members in
+sorted key order (the body's ``type`` tag included, as a constant; a nested Struct inline), filled
+from its fields. A schema integer is written as its decimal digits between quotes, a string by
+msgspec's own encoder (the reference's escaping), a nested union of Structs by its member's writer,
+an opaque payload by the reference's sorted encoder once it holds only exact builtins. A whole
+envelope is one f-string per body type; an intent's context is written once and serves both the
+envelope's digest and the context digest the intent quotes.
+
+*Plain* writers put strings between quotes as they are: that is msgspec's encoding of a string
+exactly when the encoding holds no backslash (msgspec escapes only with one), so the caller may
+pick them only for a value whose whole encoding has none (``AuditFold.apply_stored`` checks the
+stored bytes, which it has proved to be that encoding). They also remember the text of a record of
+counters (``Usage``) by its value: charges repeat.
 
 The result is only used where it equals the definition by construction: ``AuditFold.apply_stored``
 takes this path for an envelope whose stored bytes are exactly msgspec's encoding of its typed
 decode (so the typed value holds every stored field, nothing else, with exact types) and whose
 digest then matches; anything else goes through the reference path. Whatever this module cannot
-mirror exactly (a float, a subclass, a field type it does not know) raises ``Unsupported``, never
-guesses. ``tests/unit/projections/test_audit_digest.py`` pins it to the reference byte for byte.
+mirror exactly (a float, a subclass, a field type it does not know) raises ``Unsupported``, or
+hands that one field to the reference encoder; it never guesses.
+``tests/unit/projections/test_audit_digest.py`` pins it to the reference byte for byte.
 """
 
 from __future__ import annotations
@@ -24,72 +34,213 @@ from typing import Any
 import msgspec
 from msgspec import inspect
 
-from domain.canonical import OPAQUE_KEYS, canonical_value, digest_of
+from domain.canonical import OPAQUE_KEYS, canonical_value, digest_of, is_plain_opaque
 from domain.chain import EVENT_PREFIX
 from domain.decide import CONTEXT_PREFIX, context_digest
-from domain.events import IntentContext, RecordedEvent
+from domain.events import IntentContext, IntentRecorded, RecordedEvent
 
-__all__ = ["Unsupported", "canonical_struct_bytes", "quotes_context_digest", "recorded_digest"]
+__all__ = ["Unsupported", "canonical_struct_bytes", "quotes_context_digest", "recorded_digest", "recorded_digests"]
 
 
 class Unsupported(Exception):
     """The value needs the reference encoder (``domain.canonical.canonical_bytes``)."""
 
 
-_Convert = Callable[[Any], Any]
-_twins: dict[tuple[type, tuple[str, ...]], _Convert] = {}
-_by_type: dict[type, _Convert] = {}  # the twins without dropped fields, for a union's members
-_encoder = msgspec.json.Encoder()  # field order: the twins' fields are already sorted
-_sorted = msgspec.json.Encoder(order="sorted")  # the reference's encoder
+_plain = msgspec.json.Encoder().encode  # the JSON text of a string, bool, null or tuple: the reference's escaping
+_sorted = msgspec.json.Encoder(order="sorted").encode  # the reference's encoder
 _OPAQUE_LEAVES = frozenset({str, int, bool, type(None)})
+_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, UnicodeError)
+_INLINE_DEPTH = 4  # nested Structs deeper than this are written by a call to their own writer
+_MEMO_SIZE = 4096  # remembered texts per record type (a bound on memory, not a tuning knob)
 
 
-def _opaque(value: Any) -> Any:
-    """An opaque payload as the reference writes it: exact builtins, string keys, keys sorted."""
-    kind = type(value)
-    if kind is dict:
-        out = {}
-        for key in sorted(value):  # code point order, as the reference's encoder sorts
-            if type(key) is not str:
-                raise Unsupported
-            item = value[key]
-            out[key] = item if type(item) in _OPAQUE_LEAVES else _opaque(item)
-        return out
-    if kind is list or kind is tuple:
-        return [item if type(item) in _OPAQUE_LEAVES else _opaque(item) for item in value]
-    if kind in _OPAQUE_LEAVES:
-        return value
-    raise Unsupported
+def _opaque(value: Any) -> str:
+    if type(value) not in _OPAQUE_LEAVES and not is_plain_opaque(value):
+        raise Unsupported  # a float above all: the reference refuses it
+    return _sorted(value).decode()
 
 
-def _reference(value: Any) -> msgspec.Raw:
+def _json(value: Any) -> str:
+    return _plain(value).decode()
+
+
+def _reference(value: Any) -> str:
     """A field of a type this module does not mirror: the reference's own encoding of it."""
-    return msgspec.Raw(_sorted.encode(canonical_value(msgspec.to_builtins(value, order="deterministic"))))
+    return _sorted(canonical_value(msgspec.to_builtins(value, order="deterministic"))).decode()
 
 
-def _unsupported(value: Any) -> Any:
-    raise Unsupported
+def _int_or_none(value: int | None) -> str:
+    return "null" if value is None else f'"{value}"'
 
 
-def _int_or_none(value: int | None) -> str | None:
-    return None if value is None else str(value)
+_Pieces = list[tuple[bool, str]]
+"""A writer's text as pieces: ``(False, literal text)`` or ``(True, a Python expression giving text)``."""
 
 
-def _twin_of(value: Any) -> Any:
-    return _by_type[type(value)](value)
+class _Writers:
+    """The generated writers of one mode (plain strings or escaped), by Struct type."""
+
+    def __init__(self, plain: bool) -> None:
+        self.plain = plain
+        self.whole: dict[type, Callable[[Any], str]] = {}
+        self.compiling: set[type] = set()
+        self.namespace: dict[str, Any] = {
+            "_opaque": _opaque,
+            "_json": _json,
+            "_reference": _reference,
+            "_int_or_none": _int_or_none,
+            "_BOOLS": ("false", "true"),
+            "_struct": self.struct,
+            "_struct_or_none": self.struct_or_none,
+            "_structs": self.structs,
+        }
+
+    def struct(self, value: Any) -> str:
+        write = self.whole.get(type(value))
+        return write(value) if write is not None else self.writer(type(value))(value)
+
+    def struct_or_none(self, value: Any) -> str:
+        return "null" if value is None else self.struct(value)
+
+    def structs(self, value: Any) -> str:
+        return "[" + ",".join([self.struct(item) for item in value]) + "]"
+
+    def writer(self, cls: type) -> Callable[[Any], str]:
+        """The writer of a whole Struct (``Unsupported`` for a type it cannot mirror)."""
+        write = self.whole.get(cls)
+        if write is None:
+            pieces = self.members(cls, "value", depth=0)
+            if pieces is None:
+                raise Unsupported
+            write = self.whole[cls] = self.function("value", pieces)
+        return write
+
+    def function(self, params: str, pieces: _Pieces, prelude: str = "") -> Any:
+        """One straight-line function returning one f-string (the fastest way CPython joins text)."""
+        namespace = dict(self.namespace)
+        parts = []
+        for is_expr, text in pieces:
+            if is_expr:
+                parts.append("{" + text + "}")
+            elif all(" " <= char <= "~" and char not in "\\'" for char in text):
+                parts.append(text.replace("{", "{{").replace("}", "}}"))
+            else:  # text an f-string literal cannot hold as it is: a constant
+                namespace[name := f"_text{len(namespace)}"] = text
+                parts.append("{" + name + "}")
+        source = f"def write({params}):\n{prelude}    return f'{''.join(parts)}'\n"
+        exec(source, namespace)  # built from this module's pieces and the classes' field names
+        return namespace["write"]
+
+    def members(
+        self, cls: type, ref: str, depth: int, drop: tuple[str, ...] = (), given: dict[str, _Pieces] | None = None
+    ) -> _Pieces | None:
+        """The pieces of the Struct at ``ref``, members in sorted key order; None when it cannot be mirrored."""
+        config = getattr(cls, "__struct_config__", None)
+        info = inspect.type_info(cls)
+        if config is None or not isinstance(info, inspect.StructType) or config.omit_defaults or config.array_like:
+            return None
+        if info.tag_field is not None and type(info.tag) is not str:
+            return None
+        self.compiling.add(cls)
+        try:
+            slots: dict[str, _Pieces] = {}
+            for field in info.fields:
+                name = field.encode_name
+                if name in drop:
+                    continue
+                if given and name in given:
+                    slots[name] = given[name]
+                else:
+                    slots[name] = self.slot(name, field.type, f"{ref}.{field.name}", depth)
+        finally:
+            self.compiling.discard(cls)
+        if info.tag_field is not None:
+            slots[info.tag_field] = [(False, _json(info.tag))]
+        pieces: _Pieces = []
+        for index, name in enumerate(sorted(slots)):  # code point order, as the reference's encoder sorts
+            pieces.append((False, ("{" if index == 0 else ",") + _json(name) + ":"))
+            pieces.extend(slots[name])
+        pieces.append((False, "}" if slots else "{}"))
+        return pieces
+
+    def remembered(self, cls: type, expr: str) -> str:
+        """An expression for the text of a record of counters (``Usage``), remembered by value.
+
+        Most events repeat a few charges. Equal values of such a Struct (same type, equal ints) have
+        the same text, for values *decoded by msgspec* (exact ints: ``True == 1`` is no concern), which
+        is why only the plain writers (the fold's) remember.
+        """
+        write = self.writer(cls)
+        memo: dict[Any, str] = {}
+
+        def remember(value: Any) -> str:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            text = memo[value] = write(value)
+            return text
+
+        index = len(self.namespace)
+        self.namespace[f"_memo{index}"], self.namespace[f"_remember{index}"] = memo, remember
+        return f"_memo{index}.get({expr}) or _remember{index}({expr})"
+
+    def scalar(self, t: inspect.Type, expr: str) -> _Pieces | None:
+        """The pieces of an int, string, string enum or bool field (None for other types)."""
+        if isinstance(t, inspect.IntType):
+            # a decoded int field holds an exact int (the decoder refuses a bool or a float): str() is its digits
+            return [(False, '"'), (True, expr), (False, '"')]
+        if isinstance(t, inspect.EnumType) and _all_str([m.value for m in t.cls]):
+            expr = f"{expr}.value"
+        elif not (isinstance(t, inspect.StrType) or (isinstance(t, inspect.LiteralType) and _all_str(t.values))):
+            return [(True, f"_BOOLS[{expr}]")] if isinstance(t, inspect.BoolType) else None
+        return [(False, '"'), (True, expr), (False, '"')] if self.plain else [(True, f"_json({expr})")]
+
+    def slot(self, key: str, t: inspect.Type, expr: str, depth: int) -> _Pieces:  # noqa: PLR0911
+        """A field's pieces."""
+        if key in OPAQUE_KEYS:
+            return [(True, f"_opaque({expr})")]
+        if (scalar := self.scalar(t, expr)) is not None:
+            return scalar
+        if isinstance(t, inspect.StructType) and self.plain and _counters(t):
+            return [(True, self.remembered(t.cls, expr))]
+        if isinstance(t, inspect.StructType) and depth < _INLINE_DEPTH and t.cls not in self.compiling:
+            pieces = self.members(t.cls, expr, depth + 1)
+            return pieces if pieces is not None else [(True, f"_reference({expr})")]
+        members = t.types if isinstance(t, inspect.UnionType) else (t,)
+        rest = [m for m in members if not isinstance(m, inspect.NoneType)]
+        if _verbatim(t):
+            return [(True, f"_json({expr})")]
+        if len(rest) == 1 and isinstance(rest[0], inspect.IntType):
+            return [(True, f"_int_or_none({expr})")]
+        if rest and all(isinstance(m, inspect.StructType) for m in rest):
+            return [(True, f"_struct_or_none({expr})" if len(rest) < len(members) else f"_struct({expr})")]
+        if isinstance(t, inspect.VarTupleType | inspect.ListType) and isinstance(t.item_type, inspect.StructType):
+            return [(True, f"_structs({expr})")]
+        return [(True, f"_reference({expr})")]
 
 
-def _twin_or_none(value: Any) -> Any:
-    return None if value is None else _by_type[type(value)](value)
+def _all_str(values: Any) -> bool:
+    return all(type(v) is str for v in values)
+
+
+def _counters(t: inspect.StructType) -> bool:
+    """A frozen (hashable) Struct of plain integers, such as ``Usage``."""
+    config = t.cls.__struct_config__
+    return (
+        bool(t.fields)
+        and config.frozen
+        and t.tag_field is None
+        and all(isinstance(f.type, inspect.IntType) for f in t.fields)
+    )
 
 
 def _verbatim(t: inspect.Type) -> bool:
-    """Types whose decoded values the encoder writes exactly as the reference does."""
+    """Types whose decoded values msgspec's plain encoder writes exactly as the reference does."""
     if isinstance(t, inspect.StrType | inspect.BoolType | inspect.NoneType):
         return True
-    if isinstance(t, inspect.LiteralType | inspect.EnumType):
-        values = t.values if isinstance(t, inspect.LiteralType) else [m.value for m in t.cls]
-        return all(type(v) is str for v in values) and (isinstance(t, inspect.LiteralType) or issubclass(t.cls, str))
+    if isinstance(t, inspect.LiteralType):
+        return _all_str(t.values)
+    if isinstance(t, inspect.EnumType):
+        return _all_str([m.value for m in t.cls]) and issubclass(t.cls, str)
     if isinstance(t, inspect.UnionType):
         return all(_verbatim(member) for member in t.types)
     if isinstance(t, inspect.VarTupleType | inspect.ListType):
@@ -97,76 +248,71 @@ def _verbatim(t: inspect.Type) -> bool:
     return False
 
 
-def _converter(name: str, t: inspect.Type) -> _Convert | None:
-    """How a field becomes its canonical value (None: as it is)."""
-    if name in OPAQUE_KEYS:
-        return _opaque
-    if _verbatim(t):
-        return None
-    members = t.types if isinstance(t, inspect.UnionType) else (t,)
-    optional = any(isinstance(m, inspect.NoneType) for m in members)
-    rest = [m for m in members if not isinstance(m, inspect.NoneType)]
-    convert: _Convert = _reference
-    if len(rest) == 1 and isinstance(rest[0], inspect.IntType):
-        # a decoded int field holds an exact int (the decoder refuses a bool or a float there)
-        convert = _int_or_none if optional else str
-    elif rest and all(isinstance(m, inspect.StructType) for m in rest):
-        compiled = [_compile(member.cls) for member in rest]  # type: ignore[attr-defined]
-        convert = _twin_or_none if optional else _twin_of
-        if len(rest) == 1 and not optional and compiled[0] is not _reference:
-            convert = compiled[0]  # bound directly (not while it is being compiled: a recursive type)
-    return convert
-
-
-def _compile(cls: type, drop: tuple[str, ...] = ()) -> _Convert:
-    key = (cls, drop)
-    if key in _twins:
-        return _twins[key]
-    fallback = _unsupported if drop else _reference
-    _twins[key] = fallback  # a recursive type is left to the reference
-    config = cls.__struct_config__  # type: ignore[attr-defined]
-    info = inspect.type_info(cls)
-    if not isinstance(info, inspect.StructType) or config.omit_defaults or config.array_like:
-        if not drop:
-            _by_type[cls] = fallback
-        return fallback
-    exprs: dict[str, str] = {}
-    namespace: dict[str, Any] = {}
-    for index, field in enumerate(info.fields):
-        if field.encode_name in drop:
-            continue
-        convert = _converter(field.name, field.type)
-        exprs[field.encode_name] = f"value.{field.name}" if convert is None else f"f{index}(value.{field.name})"
-        namespace[f"f{index}"] = convert
-    if info.tag_field is not None:
-        namespace["tag"] = str(info.tag)
-        exprs[info.tag_field] = "tag"
-    names = sorted(exprs)
-    namespace["twin"] = msgspec.defstruct(f"Canonical{cls.__name__}", [(name, Any) for name in names])
-    # One straight-line function per type: it runs for every event, several times.
-    source = f"def convert(value):\n    return twin({', '.join(exprs[name] for name in names)})\n"
-    exec(source, namespace)  # the source is built from this module's templates and the classes' field names
-    _twins[key] = convert = namespace["convert"]
-    if not drop:
-        _by_type[cls] = convert
-    return convert  # type: ignore[no-any-return]
+_PLAIN, _ESCAPED = _Writers(plain=True), _Writers(plain=False)
+_dropping: dict[tuple[type, tuple[str, ...]], Callable[[Any], str]] = {}
 
 
 def canonical_struct_bytes(value: msgspec.Struct, *, drop: tuple[str, ...] = ()) -> bytes:
     """``canonical_bytes(value)`` (without the fields in ``drop``) of a Struct *decoded by msgspec*
     (so an ``int`` field holds an exact int); ``Unsupported`` when that cannot be mirrored exactly."""
     try:
-        return _encoder.encode(_compile(type(value), drop)(value)) + b"\n"
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a float or an odd value under _reference
+        if not drop:
+            return (_ESCAPED.writer(type(value))(value) + "\n").encode()
+        write = _dropping.get((type(value), drop))
+        if write is None:
+            pieces = _ESCAPED.members(type(value), "value", 0, drop)
+            if pieces is None:
+                raise Unsupported
+            write = _dropping[type(value), drop] = _ESCAPED.function("value", pieces)
+        return (write(value) + "\n").encode()
+    except _ERRORS as exc:  # a float or an odd value under _reference
+        raise Unsupported from exc
+
+
+# -- whole envelopes: one template per body type, the body inline ---------------------------------
+
+_Envelope = Callable[..., str]
+_envelopes: dict[bool, dict[type, _Envelope]] = {True: {}, False: {}}  # by plain_strings, then body type
+
+
+def _envelope(plain: bool, body: type) -> _Envelope:
+    """``envelope(event)`` (``envelope(event, context_text)`` for an ``IntentRecorded``): its canonical text."""
+    writers = _PLAIN if plain else _ESCAPED
+    given: dict[str, _Pieces] | None = {"context": [(True, "context")]} if body is IntentRecorded else None
+    inner = writers.members(body, "body", 1, given=given)
+    if inner is None:
+        raise Unsupported
+    outer = writers.members(RecordedEvent, "value", 0, ("digest",), {"body": inner})
+    if outer is None:
+        raise Unsupported
+    params = "value, context" if given else "value"
+    _envelopes[plain][body] = write = writers.function(params, [*outer, (False, "\n")], "    body = value.body\n")
+    return write  # type: ignore[no-any-return]
+
+
+def recorded_digests(event: RecordedEvent, *, plain_strings: bool = False) -> tuple[str, str | None]:
+    """``domain.chain.envelope_digest`` of a decoded envelope (its ``digest`` left out) and, for an
+    ``IntentRecorded``, ``domain.decide.context_digest`` of its context: the same bytes, written once.
+
+    ``plain_strings``: no string of the envelope needs escaping (its msgspec encoding holds no
+    backslash), and the envelope was decoded by msgspec; then the faster plain writers apply.
+    """
+    try:
+        body = event.body
+        kind = type(body)
+        write = _envelopes[plain_strings].get(kind) or _envelope(plain_strings, kind)
+        if kind is IntentRecorded:
+            context = (_PLAIN if plain_strings else _ESCAPED).struct(body.context)  # type: ignore[union-attr]
+            quoted: str | None = digest_of(CONTEXT_PREFIX, (context + "\n").encode())
+            return digest_of(EVENT_PREFIX, write(event, context).encode()), quoted
+        return digest_of(EVENT_PREFIX, write(event).encode()), None
+    except _ERRORS as exc:
         raise Unsupported from exc
 
 
 def recorded_digest(event: RecordedEvent) -> str:
     """``domain.chain.envelope_digest`` of a decoded envelope, its ``digest`` field left out."""
-    try:
-        return digest_of(EVENT_PREFIX, _encoder.encode(_envelope(event)) + b"\n")
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        raise Unsupported from exc
+    return recorded_digests(event)[0]
 
 
 def quotes_context_digest(context: IntentContext, quoted: str) -> bool:
@@ -181,6 +327,3 @@ def quotes_context_digest(context: IntentContext, quoted: str) -> bool:
         return context_digest(context) == quoted
     except (TypeError, ValueError):  # a context with no canonical form (a float, say) has no digest to quote
         return False
-
-
-_envelope = _compile(RecordedEvent, ("digest",))

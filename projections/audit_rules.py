@@ -56,8 +56,9 @@ __all__ = [
 def lifecycle(s: AuditState, e: RecordedEvent) -> None:
     if s.terminal is not None:
         s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
-    opens = isinstance(e.body, RunOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
-    if not s.opened and not opens:
+    if not s.opened and not (
+        isinstance(e.body, RunOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
+    ):
         s.report("not_opened", f"{e.type} before RunOpened")
     if e.epoch < s.epoch:
         s.report("stale_epoch", f"{e.type} from {e.worker!r} at epoch {e.epoch}; the run was at epoch {s.epoch}")
@@ -78,15 +79,40 @@ def fenced(s: AuditState, e: RecordedEvent) -> None:
         )
 
 
+# A charge's non-zero counters as (index, amount), by the charge's value: most charges repeat and
+# touch one or two counters. Only non-negative charges are remembered; a negative one is reported
+# every time it occurs. (Equal Usage values add the same amounts: a bool counter adds as its int.)
+_SPARSE: dict[Usage, tuple[tuple[int, int], ...]] = {}
+_SPARSE_SIZE = 4096  # a bound on memory, not a tuning knob
+
+
 def charge(s: AuditState, e: RecordedEvent) -> None:
     charged: Usage = e.body.charge  # type: ignore[union-attr]  # only registered for bodies with a charge
-    amounts = msgspec.structs.astuple(charged)
-    if min(amounts) < 0:
-        for index, amount in enumerate(amounts):
-            if amount < 0:
-                s.report("budget_decreased", f"{COUNTERS[index]} charged {amount}")
-        amounts = tuple(max(amount, 0) for amount in amounts)
-    usage = s.usage = list(map(add, s.usage, amounts))  # one counter each: Usage has a fixed shape
+    sparse = _SPARSE.get(charged)
+    if sparse is None:
+        amounts = msgspec.structs.astuple(charged)
+        if min(amounts) < 0:
+            _charge_negative(s, amounts)
+            return
+        sparse = tuple((index, amount) for index, amount in enumerate(amounts) if amount)
+        if len(_SPARSE) >= _SPARSE_SIZE:
+            _SPARSE.clear()
+        _SPARSE[charged] = sparse
+    usage = s.usage  # one counter each: Usage has a fixed shape
+    for index, amount in sparse:
+        total = usage[index] = usage[index] + amount
+        if total > MAX_COUNTER and total - amount <= MAX_COUNTER:  # reported when it first passes
+            s.report("counter_overflow", f"{COUNTERS[index]} reached {total}")
+    if s.limits:
+        check_ceilings(s)
+
+
+def _charge_negative(s: AuditState, amounts: tuple[int, ...]) -> None:
+    for index, amount in enumerate(amounts):
+        if amount < 0:
+            s.report("budget_decreased", f"{COUNTERS[index]} charged {amount}")
+    amounts = tuple(max(amount, 0) for amount in amounts)
+    usage = s.usage = list(map(add, s.usage, amounts))
     if max(usage) > MAX_COUNTER:
         for index, total in enumerate(usage):
             if total > MAX_COUNTER and total - amounts[index] <= MAX_COUNTER:  # reported when it first passes
@@ -160,7 +186,7 @@ def _lease_named(s: AuditState, e: RecordedEvent) -> bool:
 def renewed(s: AuditState, e: RecordedEvent) -> None:
     body: LeaseRenewed = e.body  # type: ignore[assignment]
     if _lease_named(s, e) and s.lease is not None:
-        s.lease = s.lease._replace(expires_at=body.expires_at)
+        s.lease = msgspec.structs.replace(s.lease, expires_at=body.expires_at)
 
 
 def released(s: AuditState, e: RecordedEvent) -> None:
@@ -189,7 +215,7 @@ def intent(s: AuditState, e: RecordedEvent) -> None:
             "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
         )
         return
-    if not quotes_context_digest(body.context, body.context_digest):
+    if body.context is not s.context_checked and not quotes_context_digest(body.context, body.context_digest):
         s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
     if body.kind == "effect" and (older := _older_open(s)):
         s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")

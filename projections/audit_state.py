@@ -9,7 +9,6 @@ operations are forgotten, so the state stays small however long the run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import msgspec
 
@@ -86,20 +85,24 @@ class Problem(msgspec.Struct, frozen=True):
     detail: str
 
 
-class OpRecord(NamedTuple):
+# The records are Structs, not NamedTuples: one is made per intent, and a Struct is built (and its
+# fields read) in C; gc=False because they hold only strings and ints.
+
+
+class OpRecord(msgspec.Struct, frozen=True, gc=False):
     kind: str
     context_digest: str
     epoch: int
     position: int
 
 
-class LeaseRecord(NamedTuple):
+class LeaseRecord(msgspec.Struct, frozen=True, gc=False):
     worker: str
     epoch: int
     expires_at: int
 
 
-class PendingHandoff(NamedTuple):
+class PendingHandoff(msgspec.Struct, frozen=True, gc=False):
     """A prepared handoff: its digest, where it moves the run, and the append that prepared it."""
 
     digest: str
@@ -114,6 +117,7 @@ class AuditState:
 
     __slots__ = (
         "approvals",
+        "context_checked",
         "dropped",
         "epoch",
         "evidence",
@@ -158,6 +162,9 @@ class AuditState:
         self.approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force
         self.evidence: dict[str, Evidence] = {}  # by artifact digest: the latest verdict
         self.problems: list[Problem] = []
+        # the context (by identity) whose quoted digest the fold found while checking the envelope's
+        # digest (they share bytes): ``projections.audit_rules.intent`` then need not compute it again
+        self.context_checked: object | None = None
 
     @property
     def handoff_digest(self) -> str | None:

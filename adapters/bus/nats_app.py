@@ -236,9 +236,16 @@ class _JetStreamSink:
         self.bus = bus
         self._last_seq = 0
         self._refusals = 0
+        self._js: tuple[Any, Any] | None = None  # (connection, its JetStream context): made once per connection
+
+    def _jetstream(self) -> Any:
+        nc = self.bus.broker.connection
+        if self._js is None or self._js[0] is not nc:
+            self._js = (nc, nc.jetstream())
+        return self._js[1]
 
     async def last_position(self) -> int:
-        js = self.bus.broker.connection.jetstream()
+        js = self._jetstream()
         info = await js.stream_info(EVENTS_STREAM)
         self._last_seq = info.state.last_seq
         if not self._last_seq:
@@ -266,7 +273,7 @@ class _JetStreamSink:
                 events_subject(event.run_id), encode_event(event), headers=self._headers(i, notification_id, event)
             )
         try:
-            ack = await nc.jetstream().publish(
+            ack = await self._jetstream().publish(
                 events_subject(last.run_id),
                 encode_event(last),
                 timeout=_ACK_TIMEOUT,

@@ -58,7 +58,7 @@ class EventRelay:
         wake: asyncio.Event | None = None,
         page: int = 256,
         poll: float = 0.2,
-        linger: float = 0.02,
+        linger: float = 0.05,
     ) -> None:
         self.ledger = ledger
         self.sink = sink
@@ -95,7 +95,7 @@ class EventRelay:
 
     async def _follow(self) -> None:
         while not self._stopped:
-            events = await asyncio.to_thread(self._read, self.position)
+            events = await asyncio.get_running_loop().run_in_executor(None, self._read, self.position)
             if events:
                 if not await self.sink.publish(events, self.position):
                     return  # another relay got ahead: resynchronise from the bus
@@ -105,7 +105,8 @@ class EventRelay:
                     continue  # behind: read the next page at once
             await self._pause(self.poll)  # until a local commit or the poll interval (commits elsewhere)
             # Let a burst of commits accumulate: one read per burst, not one per commit (it halved
-            # the service's CPU per verdict at a single worker).
+            # the service's CPU per verdict at a single worker). Each page costs a thread handoff,
+            # a query and an acknowledged publish, about 1 ms of CPU: 50 ms pages cost half of 20 ms ones.
             await asyncio.sleep(self.linger)
 
     def _read(self, after: int) -> list[tuple[int, RecordedEvent]]:

@@ -2,11 +2,12 @@
 
 ``baton audit`` checks the bytes as stored, so it reads them generically, without the mapper or
 upcasting: ``(run_id, state)`` ordered by run, then by position, in one streaming query (memory
-stays flat however large the store). On PostgreSQL that is a server-side cursor with binary
-results (``bytea`` arrives as bytes, not as hex text to unescape). A key range (``low`` inclusive,
-``high`` exclusive, compared by the database, as its ``ORDER BY`` compares) lets several processes
-share one store without sharing a run: ``key_ranges`` cuts the run rows into parts of about equal
-event counts.
+stays flat however large the store). On PostgreSQL the results are binary (``bytea`` arrives as
+bytes, not as hex text to unescape) and arrive in chunks of rows where libpq can (17 and later: the
+server sends the next chunk while the audit checks this one), else through a server-side cursor, a
+page at a time. A key range (``low`` inclusive, ``high`` exclusive, compared by the database, as
+its ``ORDER BY`` compares) lets several processes share one store without sharing a run:
+``key_ranges`` cuts the run rows into parts of about equal event counts.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from collections.abc import Generator, Sequence
 from itertools import pairwise
 from typing import Any
 
+from psycopg import pq
 from psycopg.rows import tuple_row
 
 from adapters.eventstore.fenced import RunRow
 from adapters.eventstore.ledger import RunLedger
 
-__all__ = ["ITERSIZE", "KeyRange", "key_ranges", "stored_rows"]
+__all__ = ["CHUNKED_ROWS", "ITERSIZE", "KeyRange", "key_ranges", "stored_rows"]
 
-ITERSIZE = 5000  # rows per round trip: larger pages gained nothing measurable (bench/audit.py)
+ITERSIZE = 5000  # rows per page: larger pages gained nothing measurable (bench/audit.py)
+CHUNKED_ROWS = pq.version() >= 170000  # libpq 17 streams a result in chunks of rows (``Cursor.stream(size=...)``)
 
 KeyRange = tuple[str | None, str | None]
 """``(low, high)``: run ids ``low <= run_id < high``; ``None`` leaves that side open."""
@@ -53,6 +56,16 @@ def stored_rows(
     order = " ORDER BY originator_id, originator_version"
     if hasattr(recorder.datastore, "schema"):  # PostgreSQL
         statement = f'SELECT originator_id, state FROM "{recorder.datastore.schema}"."{table}"{where}{order}'
+        if CHUNKED_ROWS:
+            # The server sends page after page while the audit checks the last one (a server-side
+            # cursor waits for each FETCH): more events per second for less client CPU per row.
+            with (
+                recorder.datastore.get_connection() as conn,
+                conn.transaction(),
+                conn.cursor(row_factory=tuple_row, binary=True) as curs,
+            ):
+                yield from curs.stream(statement, params, size=itersize)
+            return
         with (
             recorder.datastore.get_connection() as conn,
             conn.transaction(),

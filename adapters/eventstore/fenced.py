@@ -7,6 +7,7 @@ submission has been stored: the rollback takes the run row, the submission ids a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from eventsourcing.persistence import IntegrityError
@@ -18,13 +19,18 @@ __all__ = [
     "AppendConflict",
     "DuplicateSubmission",
     "FenceViolation",
+    "Riders",
     "RunRow",
     "SubmissionRow",
+    "fence_missed",
     "sorted_fences",
 ]
 
 # Postgres notification ids are (transaction id << 16) + ordinal: one append holds at most this many.
 MAX_EVENTS_PER_APPEND = 65_535
+
+# Data-modifying ``name AS (...)`` clauses and their parameters that ride in an append's statement.
+Riders = tuple[str, Sequence[Any]]
 
 
 class SubmissionRow(msgspec.Struct, frozen=True):
@@ -71,3 +77,10 @@ class AppendConflict(IntegrityError):
 def sorted_fences(fences: Sequence[Fence]) -> list[Fence]:
     """Lock run rows in one global order, so two multi-run appends cannot deadlock."""
     return sorted(fences, key=lambda f: f.run_id)
+
+
+def fence_missed(run_id: str, current: Sequence[Any] | None) -> IntegrityError:
+    """What an append whose compare-and-set missed raises, given the run row's (head, epoch, holder)."""
+    if current is None:
+        return AppendConflict(f"run {run_id!r} has no run row")
+    return FenceViolation(run_id, current[0], current[1], current[2])

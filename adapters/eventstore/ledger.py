@@ -9,16 +9,24 @@ A retry of an accepted submission returns the original verdict; a fence failure 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, InterfaceError, Mapper, OperationalError, StoredEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    InterfaceError,
+    Mapper,
+    OperationalError,
+    PersistenceError,
+    StoredEvent,
+)
 
 from adapters.clock import Clock, SystemClock
 from adapters.eventstore.fenced import (
@@ -26,6 +34,7 @@ from adapters.eventstore.fenced import (
     AppendConflict,
     DuplicateSubmission,
     FenceViolation,
+    Riders,
     RunRow,
     SubmissionRow,
 )
@@ -37,10 +46,13 @@ from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, S
 from domain.decide import decide, envelope_epoch
 from domain.errors import ChainBroken
 from domain.events import IntentRecorded, RecordedEvent
-from domain.fencing import fence_for
+from domain.fencing import Fence, fence_for
 from domain.state import RunState, apply, fold
 from projections.portable_state import PortableStateFold
 from projections.replay import PrefixOutline, ReplayCursor, ReplayStep, prefix_steps
+
+if TYPE_CHECKING:
+    from adapters.eventstore.postgres_async import AsyncAppends
 
 __all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 
@@ -265,8 +277,23 @@ class RunLedger(Application[str]):
     def _attempt_locked(
         self, batch: list[Submission], run_ids: list[str], *, refresh: bool, all_or_nothing: bool
     ) -> list[Verdict] | None:
-        now = self.clock.now()
         states = {run_id: self._current(run_id, refresh=refresh) for run_id in run_ids}
+        draft = self._draft(batch, states, refresh=refresh, all_or_nothing=all_or_nothing)
+        if not isinstance(draft, _Draft):
+            return draft
+        try:
+            self.events.put(draft.pending, fences=draft.fences, submissions=draft.rows)
+        except BaseException as exc:
+            return self._after_append_error(draft, exc, batch[0], all_or_nothing=all_or_nothing)
+        return draft.verdicts
+
+    def _draft(
+        self, batch: list[Submission], states: dict[str, RunState], *, refresh: bool, all_or_nothing: bool
+    ) -> _Draft | list[Verdict] | None:
+        """Decide and seal ``batch`` on ``states`` (changed in place): what to append, or the verdicts of a
+        rejection, or None when the caller should refresh and try again. Pure CPU unless a trusted
+        rejection must look for an earlier recording of the submission."""
+        now = self.clock.now()
         before = {run_id: _undo_point(state) for run_id, state in states.items()}
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
@@ -290,21 +317,68 @@ class RunLedger(Application[str]):
                 )
                 verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
         except BaseException:  # a bug or an interrupt mid-batch: the copies may hold unstored events too
-            self._forget_all(run_ids)
+            self._forget_all(list(states))
             raise
-        fences = [fence_for(before[run_id], states[run_id]) for run_id in run_ids]
-        try:
-            self.events.put(pending, fences=fences, submissions=rows)
-        except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
-            self._roll_back(before, pending)
-            return None if all_or_nothing else self._after_failed_append(batch[0], failure)
-        except (OperationalError, InterfaceError) as exc:
-            self._roll_back(before, pending)
+        fences = [fence_for(before[run_id], states[run_id]) for run_id in sorted(states)]
+        return _Draft(before, pending, fences, rows, verdicts)
+
+    def _after_append_error(
+        self, draft: _Draft, exc: BaseException, first: Submission, *, all_or_nothing: bool
+    ) -> list[Verdict] | None:
+        """Undo a draft whose append raised ``exc``: the verdicts to give, None to try again, or raise."""
+        self._roll_back(draft.before, draft.pending)  # the cached states hold events that were never stored
+        if isinstance(exc, DuplicateSubmission | FenceViolation | AppendConflict):
+            return None if all_or_nothing else self._after_failed_append(first, exc)
+        if isinstance(exc, OperationalError | InterfaceError):
             raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
-        except BaseException:
-            self._roll_back(before, pending)  # the cached states hold events that were never stored
-            raise
-        return verdicts
+        raise exc
+
+    async def asubmit(self, submission: Submission, *, riders: Riders | None = None) -> Verdict | None:
+        """Submit from an event loop without blocking it: the verdict when the submission is accepted at once.
+
+        The same decision and the same one statement as ``submit``, awaited on an asyncio connection
+        (PostgreSQL), with ``riders`` in the statement (see ``FencedPostgresRecorder.riding``). None
+        whenever that would need more than CPU and that statement: no async store, no cached state,
+        the run busy in another thread, a rejection to explain, a lost race, a store error. Then
+        call ``submit`` with the same submission (in a thread): it decides again from the store, and
+        if this try did commit after all, it answers ``duplicate`` with the position.
+        """
+        appends = self.async_appends
+        stripe = self._stripes[hash(submission.run_id) % len(self._stripes)]
+        if appends is None or not appends.ready() or not stripe.acquire(blocking=False):  # never block the loop
+            return None
+        try:
+            with self._lock:
+                state = self._states.get(submission.run_id)
+            if state is None:
+                return None
+            draft = self._draft([submission], {submission.run_id: state}, refresh=False, all_or_nothing=True)
+            if not isinstance(draft, _Draft):
+                return None
+            stored = [self.mapper.to_stored_event(event) for event in draft.pending]
+            try:
+                await appends.insert_events(stored, fences=draft.fences, submissions=draft.rows, riders=riders)
+            except PersistenceError:
+                self._roll_back(draft.before, draft.pending)
+                return None
+            except BaseException:  # cancelled mid-statement: it may have committed; the cache stays a prefix
+                self._roll_back(draft.before, draft.pending)
+                raise
+            return draft.verdicts[0]
+        finally:
+            stripe.release()
+
+    @functools.cached_property
+    def async_appends(self) -> AsyncAppends | None:
+        """The recorder's appends on asyncio connections, or None where the store has none (SQLite, memory)."""
+        factory = getattr(self.recorder, "async_appends", None)
+        return factory() if factory is not None else None
+
+    def close(self) -> None:
+        appends = self.__dict__.get("async_appends")  # only if one was made
+        if appends is not None:
+            appends.close()
+        super().close()
 
     def _forget_all(self, run_ids: Sequence[str]) -> None:
         """Drop the cached states: the next decision folds the runs again from the log (self-healing)."""
@@ -365,6 +439,16 @@ class RunLedger(Application[str]):
             f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
         )
         return _rejected(submission, conflict)
+
+
+class _Draft(NamedTuple):
+    """A decided, sealed attempt not yet appended; ``before`` is what to roll the cached states back to."""
+
+    before: dict[str, RunState]
+    pending: list[StoredRunEvent]
+    fences: list[Fence]
+    rows: list[SubmissionRow]
+    verdicts: list[Verdict]
 
 
 def _undo_point(state: RunState) -> RunState:

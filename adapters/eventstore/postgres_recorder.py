@@ -39,10 +39,13 @@ from adapters.eventstore.fenced import (
     AppendConflict,
     DuplicateSubmission,
     FenceViolation,
+    Riders,
     RunRow,
     SubmissionRow,
+    fence_missed,
     sorted_fences,
 )
+from adapters.eventstore.postgres_async import AsyncAppends
 from domain.fencing import Fence
 
 PAGE = 1000  # rows per page of a run's history (a resume finds fewer than 100 behind its snapshot)
@@ -177,7 +180,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             .format(**fmt)
             .as_string(None)
         )
-        # Positional parameters (see ``_append_one``): psycopg reorders a dict on every execute.
+        # Positional parameters (see ``append_query``): psycopg reorders a dict on every execute.
         self.append_one_statement = (
             SQL(
                 "WITH baton_f AS (UPDATE {schema}.baton_runs SET head = %s, head_digest = %s, epoch = %s, "
@@ -218,7 +221,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         connection is safe: an append that did commit collides on its submission ids and the
         ledger answers ``duplicate`` with the original position.
         """
-        fences = sorted_fences(kwargs.get("fences", ()))
+        fences: Sequence[Fence] = kwargs.get("fences", ())
         submissions: Sequence[SubmissionRow] = kwargs.get("submissions", ())
         if not self._pool_opened:
             with self.datastore.get_connection():  # opens the pool the library's way, once
@@ -227,55 +230,40 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         # commit less per append (autocommit: the statement is its own transaction). Errors are
         # translated as the library translates them.
         pool = self.datastore.pool
+        riders: Riders | None = getattr(self._riders, "current", None)
+        statement, params, checked = self.append_query(fences, submissions, stored_events, riders)
         try:
             conn = pool.getconn()
             try:
                 with conn.cursor(row_factory=tuple_row) as curs:
-                    riders: tuple[str, Sequence[Any]] | None = getattr(self._riders, "current", None)
-                    if len(fences) == len(submissions) == len(stored_events) == 1 and fences[0].expected_head > 0:
-                        self._append_one(curs, fences[0], submissions[0], stored_events[0], riders)
-                    else:
-                        params = _append_params(fences, submissions, stored_events)
-                        if riders is None:
-                            curs.execute(self.append_statement, params, prepare=True)
-                        else:
-                            statement = f"WITH {riders[0]} {self.append_statement}"
-                            curs.execute(statement, [*riders[1], *params], prepare=True)
+                    curs.execute(statement, params, prepare=True)
+                    if checked is not None and curs.rowcount != 1:
+                        curs.execute(self.select_run_statement, (checked,), prepare=True)
+                        raise fence_missed(checked, curs.fetchone())
             finally:
                 pool.putconn(conn)
         except psycopg.Error as exc:
             raise _library_error(exc) from exc
         return None  # no notification ids: the ledger does not use them, so the library builds no Recordings
 
-    def riding(self, ctes: str, params: Sequence[Any]) -> _Riding:
-        """Run ``ctes`` (data-modifying ``name AS (...)`` clauses, names not starting with ``baton_``) in
-        the statement of every append this thread makes inside the returned context: one round trip,
-        one transaction.
-
-        For side tables written with an append (blobs its events reference, a view's fold): a fence
-        violation or a conflict that raises rolls them back with the append; a fast-path compare-and-set
-        miss (no error, nothing appended) still commits them, so they must be safe to run again: ON
-        CONFLICT DO NOTHING inserts, compare-and-set updates. PostgreSQL runs the clauses of one statement
-        in no documented order, so they must not depend on the append's own writes.
-        """
-        return _Riding(self._riders, (ctes, params))
-
-    def _append_one(
+    def append_query(
         self,
-        curs: Any,
-        fence: Fence,
-        row: SubmissionRow,
-        event: StoredEvent,
-        riders: tuple[str, Sequence[Any]] | None = None,
-    ) -> None:
-        """The single-event fast path; no row inserted means the compare-and-set missed."""
-        statement, extra = self.append_one_statement, riders[1] if riders is not None else ()
-        if riders is not None:
-            statement = f"WITH {riders[0]}, {statement.removeprefix('WITH ')}"
-        curs.execute(
-            statement,
-            (
-                *extra,
+        fences: Sequence[Fence],
+        submissions: Sequence[SubmissionRow],
+        events: Sequence[StoredEvent],
+        riders: Riders | None = None,
+    ) -> tuple[str, Sequence[Any], str | None]:
+        """An append as one statement and its parameters, ``riders`` in it (see ``riding``); fences sorted.
+
+        The common case (one event of one submission on an existing run) is a plain statement with
+        scalar parameters whose compare-and-set may miss without an error: then the third item is
+        the run id to look up (``fence_missed``), and nothing was appended. Anything else goes
+        through ``baton_append``, which raises on a fence violation.
+        """
+        if len(fences) == len(submissions) == len(events) == 1 and fences[0].expected_head > 0:
+            fence, row, event = fences[0], submissions[0], events[0]
+            statement = self.append_one_statement
+            params: Sequence[Any] = (
                 fence.new_head,
                 fence.new_head_digest,
                 fence.new_epoch,
@@ -292,16 +280,36 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 row.content_digest,
                 event.topic,
                 event.state,
-            ),
-            prepare=True,
-        )
-        if curs.rowcount == 1:
-            return
-        curs.execute(self.select_run_statement, (fence.run_id,), prepare=True)
-        current = curs.fetchone()
-        if current is None:
-            raise AppendConflict(f"run {fence.run_id!r} has no run row")
-        raise FenceViolation(fence.run_id, current[0], current[1], current[2])
+            )
+            if riders is not None:
+                statement, params = f"WITH {riders[0]}, {statement.removeprefix('WITH ')}", (*riders[1], *params)
+            return statement, params, fence.run_id
+        params = _append_params(sorted_fences(fences), submissions, events)
+        if riders is None:
+            return self.append_statement, params, None
+        return f"WITH {riders[0]} {self.append_statement}", [*riders[1], *params], None
+
+    def async_appends(self) -> AsyncAppends:
+        """These appends from an event loop, on asyncio connections to the same database."""
+        return AsyncAppends(self)
+
+    @staticmethod
+    def library_error(exc: psycopg.Error) -> PersistenceError:
+        """The library's error for a psycopg one, integrity errors as the fenced recorders' failures."""
+        return _library_error(exc)
+
+    def riding(self, ctes: str, params: Sequence[Any]) -> _Riding:
+        """Run ``ctes`` (data-modifying ``name AS (...)`` clauses, names not starting with ``baton_``) in
+        the statement of every append this thread makes inside the returned context: one round trip,
+        one transaction.
+
+        For side tables written with an append (blobs its events reference, a view's fold): a fence
+        violation or a conflict that raises rolls them back with the append; a fast-path compare-and-set
+        miss (no error, nothing appended) still commits them, so they must be safe to run again: ON
+        CONFLICT DO NOTHING inserts, compare-and-set updates. PostgreSQL runs the clauses of one statement
+        in no documented order, so they must not depend on the append's own writes.
+        """
+        return _Riding(self._riders, (ctes, params))
 
     def stream_events(self, run_id: str, *, after: int = 0, upto: int | None = None) -> Iterator[tuple[str, bytes]]:
         """(topic, state) of a run's events in position order, a page of 1000 at a time.

@@ -1,7 +1,7 @@
 """The thread index: a small view of the log that LangGraph reads instead of scanning events.
 
 ``baton_lg_threads(run_id, position)`` says how far each run's log is folded in;
-``baton_lg_checkpoints`` holds one row per visible checkpoint (its document bytes, metadata as JSON
+``baton_lg_checkpoints`` holds one row per visible checkpoint (its document by digest, metadata as JSON
 for filters, and every blob digest it references) and ``baton_lg_writes`` one row per visible
 pending write. The writer updates the index right after its append with a compare-and-set on
 ``position``; whoever finds the index behind the run's head folds the missing events in from the
@@ -35,12 +35,17 @@ __all__ = ["CheckpointRow", "Document", "ThreadIndex", "WriteRow", "create_index
 
 
 class Document(msgspec.Struct, frozen=True, array_like=True):
-    """A checkpoint's blob: serialized checkpoint (without values), metadata, and channel digests."""
+    """A checkpoint's blob: serialized checkpoint (without values), metadata, and channel values.
+
+    A value is a blob by digest, or (``inline``) its bytes themselves when they are no longer
+    than a digest would be: no blob row to write, and the document's digest covers them all the same.
+    """
 
     checkpoint: tuple[str, bytes]
     metadata: tuple[str, bytes]
     metadata_json: bytes  # metadata as JSON, what ``list(filter=...)`` matches
     channels: dict[str, tuple[str, str]]  # channel -> (serializer type, blob digest)
+    inline: dict[str, tuple[str, bytes]] = {}  # channel -> (serializer type, value); new in v2, old docs lack it
 
 
 _doc_decoder = msgspec.msgpack.Decoder(Document)
@@ -100,6 +105,12 @@ _DDL = {
 }
 _CP_COLUMNS = "run_id, checkpoint_ns, checkpoint_id, parent_id, position, run_tag, metadata, document, digests"
 _W_COLUMNS = "run_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, kind, digest, task_path, position"
+# A checkpoint row's document: rows store it empty and read it from its blob, whose digest (sha256:
+# and 64 hex digits) opens ``digests``; it is not written twice (rows of older builds still hold it).
+_DOCUMENT = (
+    "CASE WHEN length(c.document) > 0 THEN c.document ELSE "
+    "(SELECT b.data FROM baton_blobs b WHERE b.digest = substr(c.digests, 1, 71)) END"
+)
 
 
 def create_index_tables(conn: SqlConnection) -> None:
@@ -321,7 +332,7 @@ class ThreadIndex:
             params.append(checkpoint_id)
         with self.conn.cursor() as cur:
             row = cur.execute(
-                "SELECT h.head, h.indexed, c.checkpoint_id, c.parent_id, c.position, c.document FROM "
+                f"SELECT h.head, h.indexed, c.checkpoint_id, c.parent_id, c.position, {_DOCUMENT} FROM "
                 "(SELECT (SELECT head FROM baton_runs WHERE run_id = %s) AS head, "
                 "(SELECT position FROM baton_lg_threads WHERE run_id = %s) AS indexed) h LEFT JOIN "
                 f"(SELECT * FROM baton_lg_checkpoints c WHERE c.run_id = %s AND c.checkpoint_ns = %s AND {where} "
@@ -329,7 +340,8 @@ class ThreadIndex:
                 params,
             ).fetchone()
         head = None if row[0] is None else int(row[0])
-        found = None if row[2] is None else CheckpointRow(run_id, ns, row[2], row[3], int(row[4]), bytes(row[5]))
+        # no row, or its document blob purged (the tombstone not folded in yet): nothing to show
+        found = None if row[5] is None else CheckpointRow(run_id, ns, row[2], row[3], int(row[4]), bytes(row[5]))
         return head, int(row[1] or 0), found
 
     def checkpoints(
@@ -364,11 +376,11 @@ class ThreadIndex:
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         with self.conn.cursor() as cur:
             rows = cur.execute(
-                "SELECT run_id, checkpoint_ns, checkpoint_id, parent_id, position, document, run_tag "
-                f"FROM baton_lg_checkpoints WHERE {where} ORDER BY {order}{tail}",
+                f"SELECT run_id, checkpoint_ns, checkpoint_id, parent_id, position, {_DOCUMENT}, run_tag "
+                f"FROM baton_lg_checkpoints c WHERE {where} ORDER BY {order}{tail}",
                 params,
             ).fetchall()
-        return [CheckpointRow(r[0], r[1], r[2], r[3], int(r[4]), bytes(r[5]), r[6]) for r in rows]
+        return [CheckpointRow(r[0], r[1], r[2], r[3], int(r[4]), bytes(r[5]), r[6]) for r in rows if r[5] is not None]
 
     def load(
         self, digests: Collection[str], checkpoint_ids: Collection[str]
@@ -451,7 +463,7 @@ def _rows(
                     position,
                     body.run_tag,
                     doc.metadata_json.decode(),
-                    data,
+                    b"",  # the document is the blob named first in ``digests`` (``_DOCUMENT``)
                     digests,
                 )
             )

@@ -40,6 +40,7 @@ from adapters.bootstrap import open_ledger
 from adapters.clock import Clock
 from adapters.eventstore import RunLedger
 from adapters.eventstore.blobs import BlobStore, SqlConnection, blob_digest
+from adapters.eventstore.fenced import Riders
 from adapters.langgraph.index import CheckpointRow, Document, ThreadIndex, WriteRow, decode_document
 from domain import errors
 from domain.commands import (
@@ -65,6 +66,7 @@ _TASK_REF = BlobRef("sha256:" + "0" * 64, 0, "langgraph:thread")
 _MAX_ITEMS = 256  # the domain's bound on list lengths
 _BATCH = 500  # commands per append when copying a thread
 _CACHE = 65_536
+_INLINE = 64  # serialized values up to this size live in the document (a digest there takes 71 bytes)
 _doc_encoder = msgspec.msgpack.Encoder()
 _REJECTIONS: dict[str, type[errors.BatonError]] = {
     cls.reason: cls for cls in errors.Rejection.__subclasses__() if "__init__" not in vars(cls)
@@ -83,6 +85,15 @@ class _Fold(NamedTuple):
     upto: int
     events: builtins.list[tuple[int, Event]]
     docs: dict[str, bytes]
+
+
+class _Put(NamedTuple):
+    """A checkpoint ready to append: its command, the blobs it references, and its document's bytes."""
+
+    thread_id: str
+    command: PutCheckpoint
+    blobs: dict[str, bytes]
+    document: bytes
 
 
 class BatonSaver(BaseCheckpointSaver[int]):
@@ -110,7 +121,8 @@ class BatonSaver(BaseCheckpointSaver[int]):
         self._stale: dict[str, int] = {}  # threads this saver lost: the epoch that moved on
         # the index fold of each thread's last append, sent in the next append's statement (or before a read)
         self._pending: dict[str, _Fold] = {}
-        self._values: OrderedDict[tuple[str, str, str, Any], tuple[str, str]] = OrderedDict()
+        # (thread, ns, channel, version) -> (kind, digest) of a blob, or (kind, bytes) of an inline value
+        self._values: OrderedDict[tuple[str, str, str, Any], tuple[str, str | bytes]] = OrderedDict()
         self._lock = threading.Lock()
         self._lease_lock = threading.RLock()
 
@@ -208,11 +220,23 @@ class BatonSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        put = self._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return self._checkpoint_recorded(put, self._append(put.thread_id, [put.command], put.blobs)[0])
+
+    def _checkpoint_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> _Put:
+        """The command and blobs of a checkpoint (serialization only, no I/O)."""
         conf = config["configurable"]
         thread_id, ns, parent = str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf.get("checkpoint_id")
         values = checkpoint["channel_values"]
         blobs: dict[str, bytes] = {}
         channels: dict[str, tuple[str, str]] = {}
+        inline: dict[str, tuple[str, bytes]] = {}
         for channel, version in checkpoint["channel_versions"].items():
             if channel not in values:
                 continue
@@ -220,10 +244,17 @@ class BatonSaver(BaseCheckpointSaver[int]):
             ref = None if channel in new_versions else self._cached(key)
             if ref is None:
                 kind, data = self.serde.dumps_typed(values[channel])
-                ref = (kind, blob_digest(data))
-                blobs[ref[1]] = data
+                if len(data) > _INLINE:
+                    ref = (kind, blob_digest(data))
+                    blobs[ref[1]] = data
+                else:
+                    ref = (kind, data)
                 self._cache(key, ref)
-            channels[channel] = ref
+            kind, held = ref
+            if isinstance(held, str):
+                channels[channel] = (kind, held)  # a blob's digest
+            else:
+                inline[channel] = (kind, held)
         skeleton = {**checkpoint, "channel_values": {}}
         full = get_checkpoint_metadata(config, metadata)
         document = Document(
@@ -231,16 +262,20 @@ class BatonSaver(BaseCheckpointSaver[int]):
             self.serde.dumps_typed(full),
             msgspec.json.encode(full, enc_hook=str),
             channels,
+            inline,
         )
         data = _doc_encoder.encode(document)
         doc_ref = BlobRef(blob_digest(data), len(data))
         blobs[doc_ref.digest] = data
         run_tag = str(full.get("run_id") or "")[:200]
-        command = PutCheckpoint(ns, checkpoint["id"], doc_ref, parent, run_tag)
-        verdict = self._append(thread_id, [command], blobs)[0]
-        body = CheckpointRecorded(ns, checkpoint["id"], doc_ref, parent, run_tag)
-        self._defer(thread_id, [(_position(verdict), body)], {doc_ref.digest: data})
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return _Put(thread_id, PutCheckpoint(ns, checkpoint["id"], doc_ref, parent, run_tag), blobs, data)
+
+    def _checkpoint_recorded(self, put: _Put, verdict: Verdict) -> RunnableConfig:
+        c = put.command
+        body = CheckpointRecorded(c.checkpoint_ns, c.checkpoint_id, c.document, c.parent_checkpoint_id, c.run_tag)
+        self._defer(put.thread_id, [(_position(verdict), body)], {c.document.digest: put.document})
+        conf = {"thread_id": put.thread_id, "checkpoint_ns": c.checkpoint_ns, "checkpoint_id": c.checkpoint_id}
+        return {"configurable": conf}
 
     def put_writes(
         self,
@@ -249,8 +284,14 @@ class BatonSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if not writes:
-            return
+        if writes:
+            thread_id, commands, blobs = self._writes_put(config, writes, task_id, task_path)
+            self._writes_recorded(thread_id, commands, self._append(thread_id, commands, blobs))
+
+    def _writes_put(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> tuple[str, builtins.list[Command], dict[str, bytes]]:
+        """The commands and blobs of a task's writes (serialization only, no I/O)."""
         conf = config["configurable"]
         thread_id, ns, checkpoint_id = str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
         blobs: dict[str, bytes] = {}
@@ -266,7 +307,9 @@ class BatonSaver(BaseCheckpointSaver[int]):
             PutWrites(ns, checkpoint_id, task_id, tuple(items[i : i + _MAX_ITEMS]), task_path)
             for i in range(0, len(items), _MAX_ITEMS)
         ]
-        verdicts = self._append(thread_id, commands, blobs)
+        return thread_id, commands, blobs
+
+    def _writes_recorded(self, thread_id: str, commands: Sequence[Command], verdicts: Sequence[Verdict]) -> None:
         events: builtins.list[tuple[int, Event]] = [
             (_position(v), WritesRecorded(c.checkpoint_ns, c.checkpoint_id, c.task_id, c.writes, c.task_path))
             for v, c in zip(verdicts, commands, strict=True)
@@ -335,7 +378,8 @@ class BatonSaver(BaseCheckpointSaver[int]):
             self._append(thread_id, [PruneThread("delete" if strategy == "delete" else "keep_latest")])
             self._sync(thread_id)
 
-    # -- LangGraph's API (async): the ledger has no asyncio API, so each call runs in a thread ----
+    # -- LangGraph's API (async): writes await the ledger's async append when they can (``_aappend``);
+    # the rest, and every write the async path declines, runs the sync method in a thread --------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.get_tuple, config)
@@ -359,12 +403,15 @@ class BatonSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        put = self._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return self._checkpoint_recorded(put, (await self._aappend(put.thread_id, [put.command], put.blobs))[0])
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        if writes:
+            thread_id, commands, blobs = self._writes_put(config, writes, task_id, task_path)
+            self._writes_recorded(thread_id, commands, await self._aappend(thread_id, commands, blobs))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
@@ -396,6 +443,8 @@ class BatonSaver(BaseCheckpointSaver[int]):
                 for channel, (kind, digest) in doc.channels.items()
                 if digest in blobs
             }
+            for channel, value in doc.inline.items():
+                checkpoint["channel_values"][channel] = loads(value)
             ws = sorted(pending.get((row.run_id, row.checkpoint_ns, row.checkpoint_id), ()), key=_write_order)
             conf = {"thread_id": row.run_id, "checkpoint_ns": row.checkpoint_ns}
             found.append(
@@ -418,11 +467,43 @@ class BatonSaver(BaseCheckpointSaver[int]):
         statement where the store can (PostgreSQL): a put is one round trip. Elsewhere they are
         written just before it.
         """
-        rider = self._rider(run_id, blobs or {})
+        return self._append_riding(run_id, commands, self._rider(run_id, blobs or {}))
+
+    async def _aappend(
+        self, run_id: str, commands: Sequence[Command], blobs: dict[str, bytes]
+    ) -> builtins.list[Verdict]:
+        """``_append`` from the event loop: one awaited statement when the lease needs no command.
+
+        Otherwise, or when the ledger declines (``RunLedger.asubmit``), the sync path runs in a thread
+        with the same submission, so a try that did commit is answered ``duplicate``, never appended twice.
+        """
+        epoch = self._held(run_id)
+        if epoch is None or len(commands) != 1 or self.ledger.async_appends is None:
+            return await asyncio.to_thread(self._append, run_id, commands, blobs)
+        rider = self._rider(run_id, blobs)  # pure CPU on PostgreSQL: the saver's folds are checkpoints and writes
+        first = Submission(_sid(), run_id, self.worker, commands[0], epoch)
+        verdict = await self.ledger.asubmit(first, riders=rider)
+        if verdict is not None:
+            return [verdict]
+        return await asyncio.to_thread(self._append_riding, run_id, commands, rider, first)
+
+    def _append_riding(
+        self,
+        run_id: str,
+        commands: Sequence[Command],
+        rider: Riders | None,
+        first: Submission | None = None,
+    ) -> builtins.list[Verdict]:
+        """``_append`` with its rider made; ``first``: the submission of ``commands`` tried already elsewhere."""
         riding = getattr(self.ledger.recorder, "riding", None)  # FencedPostgresRecorder's
         for attempt in range(2):
             epoch, lease = self._lease(run_id)
-            submissions = [Submission(_sid(), run_id, self.worker, c, epoch) for c in [*lease, *commands]]
+            ours = (
+                [first]
+                if first is not None and attempt == 0 and first.epoch == epoch
+                else [Submission(_sid(), run_id, self.worker, c, epoch) for c in commands]
+            )
+            submissions = [*(Submission(_sid(), run_id, self.worker, c, epoch) for c in lease), *ours]
             with riding(*rider) if rider is not None and riding is not None else contextlib.nullcontext():
                 if len(submissions) == 1:
                     verdicts = [self.ledger.submit(submissions[0])]
@@ -444,6 +525,13 @@ class BatonSaver(BaseCheckpointSaver[int]):
                 self._stale[run_id] = rejected.current_epoch or 0
             raise _error(rejected)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _held(self, run_id: str) -> int | None:
+        """The epoch of this saver's lease on the thread when an append needs no lease command (no I/O)."""
+        held = self._leases.get(run_id)
+        if held is None or run_id in self._stale:
+            return None
+        return held.epoch if held.expires_at - self.ledger.clock.now() >= self.ttl_ms * 500 else None
 
     def _lease(self, run_id: str) -> tuple[int, builtins.list[Command]]:
         """The epoch to append under, and the lease commands that must go first."""
@@ -503,7 +591,7 @@ class BatonSaver(BaseCheckpointSaver[int]):
                 fold = _Fold(before.expected, fold.upto, [*before.events, *fold.events], before.docs | fold.docs)
             self._pending[run_id] = fold
 
-    def _rider(self, run_id: str, blobs: dict[str, bytes]) -> tuple[str, builtins.list[Any]] | None:
+    def _rider(self, run_id: str, blobs: dict[str, bytes]) -> Riders | None:
         """What rides in the append's statement: the blobs and the thread's pending fold (PostgreSQL).
 
         A fold whose compare-and-set misses (a lease event came between, or another process
@@ -549,11 +637,11 @@ class BatonSaver(BaseCheckpointSaver[int]):
         self._flush(run_id)
         self.index.catch_up(run_id, lambda after: self.ledger.history(run_id, after=after))
 
-    def _cached(self, key: tuple[str, str, str, Any]) -> tuple[str, str] | None:
+    def _cached(self, key: tuple[str, str, str, Any]) -> tuple[str, str | bytes] | None:
         with self._lock:
             return self._values.get(key)
 
-    def _cache(self, key: tuple[str, str, str, Any], ref: tuple[str, str]) -> None:
+    def _cache(self, key: tuple[str, str, str, Any], ref: tuple[str, str | bytes]) -> None:
         with self._lock:
             self._values[key] = ref
             if len(self._values) > _CACHE:

@@ -6,6 +6,8 @@ The attacker has database access: it disables the append-only trigger (PostgreSQ
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 import pytest
 from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
@@ -14,6 +16,7 @@ from adapters import audit_runner
 from adapters.audit_runner import audit_store
 from adapters.clock import ManualClock
 from adapters.eventstore import RunLedger
+from adapters.eventstore.audit_reader import stored_rows
 from adapters.eventstore.mapper import TOPIC_PREFIX
 from domain.budgets import Usage
 from domain.canonical import canonical_bytes
@@ -204,3 +207,19 @@ def test_the_audit_in_several_processes_reports_what_one_process_reports(
     for jobs in (2, 3):
         parallel = audit_store(ledger, jobs=jobs, store=store.url)
         assert msgspec.to_builtins(parallel) == msgspec.to_builtins(serial), jobs
+
+
+def test_the_read_streams_every_row_in_order_and_a_read_closed_early_leaves_the_ledger_usable(
+    ledgers: LedgerFactory,
+) -> None:
+    """Given two runs, when they are read in pages smaller than a run, then every row in run and position
+    order; when a read is closed after one row, then the next read of the same ledger still gets every row."""
+    ledger = ledgers(ManualClock(T0))
+    for run_id in (RUN, OTHER):
+        short_run(ledger, run_id)
+    every = [(run_id, msgspec.json.decode(data)["position"]) for run_id, data in stored_rows(ledger, itersize=2)]
+    assert every == [(run_id, position) for run_id in sorted((RUN, OTHER)) for position in range(1, 6)]
+    with contextlib.closing(stored_rows(ledger, itersize=2)) as stream:
+        assert next(stream)[0] == min(RUN, OTHER)
+    assert len(list(stored_rows(ledger))) == 10
+    assert audit_store(ledger).ok

@@ -38,7 +38,7 @@ from adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mappi
 from adapters.eventstore import RunLedger
 from adapters.local_servers import LocalNats
 from adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
-from domain.commands import ExpireLease, Verdict
+from domain.commands import ExpireLease, Submission, Verdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -283,13 +283,13 @@ def test_partitioned_services_each_answer_every_request_of_their_runs(bus_store_
     answered: dict[str, set[str]] = {"A": set(), "B": set()}
 
     def recording(bus: NatsBus, name: str) -> None:
-        handle = bus.service.handle
+        check = bus.service.check
 
-        async def spy(raw: bytes, *, run_id: str | None = None) -> Verdict:
+        def spy(raw: bytes, run_id: str | None = None) -> Submission | Verdict:
             answered[name].add(str(run_id))
-            return await handle(raw, run_id=run_id)
+            return check(raw, run_id)
 
-        bus.service.handle = spy  # type: ignore[method-assign]
+        bus.service.check = spy  # type: ignore[method-assign]
 
     async def scenario(url: str) -> None:
         async with (

@@ -6,6 +6,7 @@ manual clock so that lease expiry is decided by the test, not by the machine's s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,16 @@ def _put(saver: Any, parent: dict[str, Any] | None, step: int) -> dict[str, Any]
     return stored
 
 
+def _checkpoint_writers(url: str) -> list[tuple[int, str]]:
+    """(epoch, worker) of each checkpoint in the thread's log, after verifying its chain."""
+    ledger = open_ledger(url)
+    try:
+        ledger.verify(THREAD)
+        return [(e.epoch, e.worker) for e in ledger.history(THREAD) if isinstance(e.body, CheckpointRecorded)]
+    finally:
+        ledger.close()
+
+
 def _ids(saver: Any) -> list[str]:
     return [t.config["configurable"]["checkpoint_id"] for t in saver.list(generate_config(THREAD))]
 
@@ -59,13 +70,7 @@ def test_stale_writer_is_rejected_and_the_thread_is_not_forked(savers: tuple[Any
 
     assert (caught.value.reason, caught.value.current_epoch) == ("stale_epoch", 2)
     assert _ids(b) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
-    ledger = open_ledger(url)
-    try:
-        recorded = [(e.epoch, e.worker) for e in ledger.history(THREAD) if isinstance(e.body, CheckpointRecorded)]
-        ledger.verify(THREAD)
-    finally:
-        ledger.close()
-    assert recorded == [(1, "worker-a"), (2, "worker-b")]
+    assert _checkpoint_writers(url) == [(1, "worker-a"), (2, "worker-b")]
 
 
 def test_a_stale_writer_does_not_take_a_freed_thread_back(savers: tuple[Any, Any, ManualClock, str]) -> None:
@@ -112,3 +117,53 @@ def test_a_worker_resumes_the_thread_after_a_clean_stop(savers: tuple[Any, Any, 
 
     assert b.get_tuple(generate_config(THREAD)).parent_config["configurable"] == first["configurable"]
     assert _ids(a) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+
+
+def test_a_stale_async_writer_is_rejected_in_the_fenced_statement(store_url: str) -> None:
+    """Given A's clock lags (A believes it still holds the lease) and B took over, when A calls aput, then the
+    async append is refused in its statement, A gets StaleEpoch, and the thread is not forked."""
+    init_store(store_url)
+    clock_a, clock_b = ManualClock(), ManualClock()
+    a = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS, clock=clock_a)
+    b = BatonSaver.from_url(store_url, worker="worker-b", ttl_ms=TTL_MS, clock=clock_b)
+    tries: list[object] = []
+    asubmit = a.ledger.asubmit
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        tries.append(verdict := await asubmit(*args, **kwargs))
+        return verdict
+
+    a.ledger.asubmit = spy  # type: ignore[method-assign]
+    try:
+
+        async def a_puts(parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+            config = generate_config(THREAD)
+            if parent is not None:
+                config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+            checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
+            stored: dict[str, Any] = await a.aput(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
+            return stored
+
+        first = asyncio.run(a_puts(None, 0))  # takes the lease (sync path)
+        second = asyncio.run(a_puts(first, 1))  # the async path
+        postgres = store_url.startswith("postgresql")
+        assert [t is not None for t in tries] == ([True] if postgres else [])
+        clock_b.advance(ms=TTL_MS + 1)
+        third = _put(b, second, 2)
+
+        with pytest.raises(errors.StaleEpoch) as caught:
+            asyncio.run(a_puts(second, 2))
+
+        assert (caught.value.reason, caught.value.current_epoch) == ("stale_epoch", 2)
+        assert [t is not None for t in tries] == ([True, False] if postgres else [])
+        ids = [c["configurable"]["checkpoint_id"] for c in (third, second, first)]
+        assert _ids(b) == ids
+        assert [t.config["configurable"]["checkpoint_id"] for t in asyncio.run(_alist(a))] == ids
+    finally:
+        a.close(release=False)
+        b.close(release=False)
+    assert _checkpoint_writers(store_url) == [(1, "worker-a"), (1, "worker-a"), (2, "worker-b")]
+
+
+async def _alist(saver: Any) -> list[Any]:
+    return [t async for t in saver.alist(generate_config(THREAD))]

@@ -23,7 +23,8 @@ def test_purge_erases_blobs_keeps_events_and_spares_shared_blobs(store_url: str)
         saver.copy_thread("doomed", "kept")
         saver.put(
             generate_config("doomed"),
-            generate_checkpoint(channel_values={"only": "here"}, channel_versions={"only": 1}),
+            # a value too long to live inside the document: a blob of its own, erased with the document
+            generate_checkpoint(channel_values={"only": "here " * 20}, channel_versions={"only": 1}),
             generate_metadata(step=1),
             {"only": 1},
         )

@@ -12,7 +12,7 @@ from hypothesis import given as hypothesis_given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain.budgets import Ceilings, Usage
+from domain.budgets import MAX_COUNTER, Ceilings, Usage
 from domain.canonical import canonical_bytes
 from domain.chain import seal, verify_chain
 from domain.commands import ReleaseLease, Submission
@@ -31,7 +31,7 @@ from domain.events import (
 from domain.stages import Stage
 from projections.audit import CODES, AuditFold, Problem, audit_events, audit_stored
 
-from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, placement, seconds
+from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, intent, placement, seconds
 from .histories import histories
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "audit.md"
@@ -229,6 +229,28 @@ def test_duplicate_intents_and_a_context_digest_that_is_not_the_contexts() -> No
     assert found(audit_events(RUN, history.log)) == {(4, "duplicate_operation"), (5, "context_digest_mismatch")}
 
 
+def test_a_wrong_context_digest_is_found_from_stored_bytes_too() -> None:
+    """Given an intent quoting a wrong context digest in a valid chain, when its stored bytes are audited
+    (the digest fast path, which computes the context digest with the envelope's), then its code there."""
+    history = leased().intended("op-1")
+    forge(history, msgspec.structs.replace(intent_body("op-2"), context_digest="sha256:made-up"))
+    forge(history, intent_body("op-3"))
+    assert found(audit_stored(RUN, stored(history.log))) == {(4, "context_digest_mismatch")}
+
+
+def test_strings_that_need_escaping_audit_clean_and_a_changed_byte_among_them_is_found() -> None:
+    """Given stored strings with quotes, backslashes, control characters and non-ASCII text, when audited,
+    then clean; when one of their bytes changes, then digest_mismatch (and its context's) at that position."""
+    history = leased()
+    for index, text in enumerate(['say "hi"', "C:\\temp", "line\nbreak", "é \U0001f600", "plain"]):
+        history.record(intent(f"op-{index}", "pure", arguments={"cmd": text}))
+    raw = stored(history.log)
+    assert audit_stored(RUN, raw) == []
+    assert b"\\\\temp" in raw[3]
+    raw[3] = raw[3].replace(b"\\\\temp", b"\\\\tmp")
+    assert found(audit_stored(RUN, raw)) == {(4, "digest_mismatch"), (4, "context_digest_mismatch")}
+
+
 def test_budgets_never_decrease_and_never_pass_a_ceiling() -> None:
     """Given a ceiling of 2 calls, when 3 intents and a negative charge are forged, then the budget codes."""
     history = given().opened(Ceilings(calls=2)).leased(W1).intended("op-1", kind="pure")
@@ -237,6 +259,21 @@ def test_budgets_never_decrease_and_never_pass_a_ceiling() -> None:
     forge(history, intent_body("op-4", kind="pure", charge=Usage(calls=-1)))
     forge(history, intent_body("op-5", kind="pure"))
     assert found(audit_events(RUN, history.log)) == {(5, "budget_exceeded"), (6, "budget_decreased")}
+
+
+def test_repeated_charges_add_up_and_a_counter_passing_the_maximum_is_reported_once() -> None:
+    """Given the same charges forged again and again (a big one twice, a negative one twice), when audited,
+    then the counter that passes 2^63-1 is reported where it first passes, and each negative charge."""
+    history = given().opened().leased(W1)
+    big = Usage(fuel=MAX_COUNTER // 2 + 1)
+    for op_id, charge in [("a", big), ("b", Usage(calls=1)), ("c", big), ("d", big), ("e", Usage(fuel=-1))]:
+        forge(history, intent_body(op_id, kind="pure", charge=charge))
+    forge(history, intent_body("f", kind="pure", charge=Usage(fuel=-1)))
+    assert found(audit_events(RUN, history.log)) == {
+        (5, "counter_overflow"),
+        (7, "budget_decreased"),
+        (8, "budget_decreased"),
+    }
 
 
 def test_stages_move_legally_and_nothing_follows_the_end() -> None:

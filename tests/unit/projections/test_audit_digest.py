@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain.canonical import canonical_bytes
+from domain.budgets import Usage
+from domain.canonical import canonical_bytes, digest_of
+from domain.chain import EVENT_PREFIX
 from domain.decide import context_digest
 from domain.events import (
     EVENT_TYPES,
@@ -20,7 +22,13 @@ from domain.events import (
     RecordedEvent,
 )
 from projections.audit import AuditFold, audit_stored
-from projections.audit_digest import Unsupported, canonical_struct_bytes, quotes_context_digest, recorded_digest
+from projections.audit_digest import (
+    Unsupported,
+    canonical_struct_bytes,
+    quotes_context_digest,
+    recorded_digest,
+    recorded_digests,
+)
 
 from ..domain.given import RUN, W1, intent
 from ..domain.given import given as history
@@ -70,6 +78,51 @@ def test_the_bytes_of_a_decoded_envelope_are_the_reference_bytes(event: Recorded
         assert expected is not Unsupported  # stepping aside is always allowed; it never invents bytes
     else:
         assert fast == expected
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(ENVELOPES)
+def test_the_digests_of_a_decoded_envelope_are_the_reference_digests(event: RecordedEvent) -> None:
+    """Given any decoded envelope, then both digests (envelope, intent context) are the reference's, or Unsupported.
+
+    The plain writers (strings between quotes as they are) are tried only where the fold uses them:
+    when the stored bytes hold no backslash.
+    """
+    try:
+        stored = msgspec.json.encode(event)
+    except OverflowError:
+        return
+    decoded = msgspec.json.decode(stored, type=RecordedEvent)
+    expected = reference(decoded)
+    body = decoded.body
+    for plain in (False, True) if b"\\" not in stored else (False,):
+        try:
+            digest, quoted = recorded_digests(decoded, plain_strings=plain)
+        except Unsupported:
+            assert expected is not Unsupported
+            continue
+        assert isinstance(expected, bytes)
+        assert digest == digest_of(EVENT_PREFIX, expected)
+        assert quoted == (context_digest(body.context) if isinstance(body, IntentRecorded) else None)
+
+
+def test_plain_and_escaped_strings_and_remembered_charges_give_the_sealed_digests() -> None:
+    """Given sealed intents with strings that need escaping, and repeated charges, then each digest is as sealed."""
+    h = history().opened().leased(W1)
+    for index, text in enumerate(["plain", 'say "hi"', "back\\slash", "tab\there", "é \U0001f600", "plain"]):
+        h.record(intent(f"op-{index}", "pure", arguments={"cmd": text, "n": index % 2}))
+    for event in h.log:
+        stored = msgspec.json.encode(event)
+        decoded = msgspec.json.decode(stored, type=RecordedEvent)
+        digest, _ = recorded_digests(decoded, plain_strings=b"\\" not in stored)
+        assert digest == recorded_digest(decoded) == event.digest
+    charges = [Usage(1, 2), Usage(1, 3), Usage(1, 2), Usage(calls=1)]
+    for charge in charges:  # the remembered text of a charge is its own, whatever came before
+        body = msgspec.structs.replace(h.log[-1].body, charge=charge)  # type: ignore[type-var]
+        event = msgspec.structs.replace(h.log[-1], body=body)
+        builtins = msgspec.to_builtins(event)
+        del builtins["digest"]
+        assert recorded_digests(event, plain_strings=True)[0] == digest_of(EVENT_PREFIX, canonical_bytes(builtins))
 
 
 @settings(max_examples=300)
