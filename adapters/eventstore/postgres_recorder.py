@@ -171,12 +171,14 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 ).format(target=target, **fmt),
             ]
         # Rendered to plain strings once: psycopg would re-render a Composed query on every execute.
-        # The submission and event arrays go in binary (%b): in text format psycopg quotes every element
-        # with a regex and sends each envelope as hex, about half the CPU of a 1000-event append.
-        # The fence arrays (one element per run, holders may all be NULL) stay in text format.
-        binary = "%b::text[],%b::text[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bytea[]"
+        # Every array goes in binary (%b), cast to the function's types: in text format psycopg quotes
+        # each element with a regex and sends each envelope as hex (about half the CPU of a 1000-event
+        # append; a batch spread over many runs has a fence per run). An all-NULL array dumps fine.
+        fences = "%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],"
+        fences += "%b::text[],%b::bigint[],%b::text[],%b::text[],"
+        rows = "%b::text[],%b::text[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bytea[]"
         self.append_statement = (
-            SQL("SELECT * FROM {schema}.baton_append(" + ",".join(["%s"] * 12) + "," + binary + ")")
+            SQL("SELECT * FROM {schema}.baton_append(" + fences + rows + ")")
             .format(**fmt)
             .as_string(None)
         )
