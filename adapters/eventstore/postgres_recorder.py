@@ -178,9 +178,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         fences += "%b::text[],%b::bigint[],%b::text[],%b::text[],"
         rows = "%b::text[],%b::text[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bytea[]"
         self.append_statement = (
-            SQL("SELECT * FROM {schema}.baton_append(" + fences + rows + ")")
-            .format(**fmt)
-            .as_string(None)
+            SQL("SELECT * FROM {schema}.baton_append(" + fences + rows + ")").format(**fmt).as_string(None)
         )
         # Positional parameters (see ``append_query``): psycopg reorders a dict on every execute.
         self.append_one_statement = (
