@@ -50,7 +50,9 @@ class RunViewState(msgspec.Struct):
     updated_at: int = 0  # recorded_at of the run's latest event (microseconds)
 
 
-_encoder = msgspec.msgpack.Encoder()
+# Deterministic: a set (the tool contracts in use) is written sorted, so a state rebuilt from the
+# log is the same bytes as the one folded incrementally, whatever order the set was filled in.
+_encoder = msgspec.msgpack.Encoder(order="deterministic")
 _decoder = msgspec.msgpack.Decoder(RunViewState)
 
 
