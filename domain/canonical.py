@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import keyword
 import re
 from collections.abc import Callable
 from typing import Any
@@ -90,7 +91,7 @@ def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
             _check_opaque(plain)
             return _encoder.encode(plain) + b"\n"
         return _encoder.encode(_schema(plain)) + b"\n"
-    except (_NotPlain, TypeError, ValueError):
+    except Exception:  # whatever the fast path trips on, the reference decides
         return _reference_bytes(value, opaque=opaque)  # same bytes, or the reference path's exact error
 
 
@@ -101,7 +102,7 @@ def struct_canonical_bytes(value: msgspec.Struct) -> bytes | None:
     """
     try:
         return _struct_bytes(value)
-    except (_NotPlain, TypeError, ValueError):
+    except Exception:  # whatever the fast path trips on, the caller's definition decides
         return None
 
 
@@ -253,15 +254,11 @@ _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 def _compile(cls: type) -> Callable[[Any], bytes]:
     """The encoder of one Struct class, or one that always defers to the reference path."""
     info = msgspec.inspect.type_info(cls)
-    if not isinstance(info, msgspec.inspect.StructType) or info.array_like or _omits_defaults(cls):
+    if not isinstance(info, msgspec.inspect.StructType) or not _compilable(cls, info):
         return _defer
     members: list[tuple[str, msgspec.inspect.Field | None]] = [(f.encode_name, f) for f in info.fields]
     if info.tag_field is not None:
-        if type(info.tag) is not str:
-            return _defer
         members.append((info.tag_field, None))
-    if not all(_IDENTIFIER.fullmatch(key) for key, _ in members):
-        return _defer  # keys of lower-case letters, digits and _ sort the same as their JSON texts
     pieces, values = [], []
     for key, field in sorted(members, key=lambda member: member[0]):
         if field is None:
@@ -278,16 +275,25 @@ def _compile(cls: type) -> Callable[[Any], bytes]:
         else:
             values.append(f"V({value}, False)")
     template = b"{" + b",".join(pieces) + b"}"
-    source = f"def encode(v):\n    return {template!r} % ({', '.join(values)},)\n"
+    source = f"def encode(v):\n    return {template!r} % ({''.join(value + ', ' for value in values)})\n"
     namespace: dict[str, Any] = {"S": _strings.encode, "V": _value_bytes}
     exec(source, namespace)  # generated from the class's own field names, checked above
     encode: Callable[[Any], bytes] = namespace["encode"]
     return encode
 
 
-def _omits_defaults(cls: type) -> bool:
+def _compilable(cls: type, info: msgspec.inspect.StructType) -> bool:
+    """Written as a plain object with a string tag, keys of lower-case letters, digits and ``_`` (they
+    sort the same as their JSON texts), and attributes that read as ``v.<name>`` in Python source."""
     config = getattr(cls, "__struct_config__", None)
-    return config is None or bool(config.omit_defaults)
+    if config is None or config.omit_defaults or info.array_like:
+        return False
+    if info.tag_field is not None and (type(info.tag) is not str or not _IDENTIFIER.fullmatch(info.tag_field)):
+        return False
+    return all(
+        _IDENTIFIER.fullmatch(f.encode_name) and f.name.isidentifier() and not keyword.iskeyword(f.name)
+        for f in info.fields
+    )
 
 
 def _defer(value: Any) -> bytes:

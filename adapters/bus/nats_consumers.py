@@ -117,9 +117,15 @@ class Responder:
         """Publish the verdicts of a batch (``SubmissionService`` calls this; each token is a reply subject)."""
         try:
             publish = self.nc.publish
+            lost = 0
             for reply, verdict in answers:
                 if reply:
-                    await publish(reply, encode_verdict(verdict))
+                    try:
+                        await publish(reply, encode_verdict(verdict))
+                    except Exception:  # one lost reply must not cost the rest of the batch theirs
+                        lost += 1
+            if lost:
+                log.error("request-reply: %d of %d verdicts not sent", lost, len(answers))
         finally:
             self._release(len(answers))
 

@@ -355,8 +355,8 @@ class RunLedger(Application[str]):
             draft = self._draft([submission], {submission.run_id: state}, refresh=False, all_or_nothing=True)
             if not isinstance(draft, _Draft):
                 return None
-            stored = [self.mapper.to_stored_event(event) for event in draft.pending]
             try:
+                stored = [self.mapper.to_stored_event(event) for event in draft.pending]
                 await appends.insert_events(stored, fences=draft.fences, submissions=draft.rows, riders=riders)
             except PersistenceError:
                 self._roll_back(draft.before, draft.pending)

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["AsyncAppends"]
 
 
+_CONNECT_TIMEOUT_S = 5  # as the sync pool waits for a connection: then the caller falls back to it
+
+
 class _Slot(NamedTuple):
     loop: asyncio.AbstractEventLoop
     conn: psycopg.AsyncConnection[TupleRow]
@@ -51,7 +54,19 @@ class AsyncAppends:
         """Whether an append on the running loop can start at once (an idle connection, or room for one)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            return not self._closed and (self._opened < self._size or any(s.loop is loop for s in self._idle))
+            orphans = self._drop_orphans()
+            ready = not self._closed and (self._opened < self._size or any(s.loop is loop for s in self._idle))
+        for orphan in orphans:
+            _discard(orphan)
+        return ready
+
+    def _drop_orphans(self) -> list[_Slot]:
+        """Under the lock: forget idle connections whose loops have ended (the caller discards them)."""
+        orphans = [s for s in self._idle if s.loop.is_closed()]
+        if orphans:
+            self._idle = [s for s in self._idle if not s.loop.is_closed()]
+            self._opened -= len(orphans)
+        return orphans
 
     async def insert_events(
         self,
@@ -91,9 +106,7 @@ class AsyncAppends:
                 raise OperationalError("the asyncio appends are closed")
             if self._idle and self._idle[-1].loop is loop:  # the common case: one loop, one connection
                 return self._idle.pop()
-            orphans = [s for s in self._idle if s.loop.is_closed()]  # their loops ended
-            self._idle = [s for s in self._idle if not s.loop.is_closed()]
-            self._opened -= len(orphans)
+            orphans = self._drop_orphans()
             found = next((i for i, s in enumerate(self._idle) if s.loop is loop), None)
             idle = self._idle.pop(found) if found is not None else None
             if idle is None and self._opened >= self._size:
@@ -112,6 +125,7 @@ class AsyncAppends:
             password = getattr(pool, "get_password_func", None)
             if password is not None:
                 kwargs["password"] = password()
+            kwargs.setdefault("connect_timeout", _CONNECT_TIMEOUT_S)
             conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=tuple_row, **kwargs)
         except BaseException as exc:
             with self._lock:

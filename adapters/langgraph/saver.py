@@ -498,6 +498,12 @@ class BatonSaver(BaseCheckpointSaver[int]):
         riding = getattr(self.ledger.recorder, "riding", None)  # FencedPostgresRecorder's
         for attempt in range(2):
             epoch, lease = self._lease(run_id)
+            if first is not None and attempt == 0 and first.epoch != epoch:
+                # The lease moved since the first try: that try may still have committed (a lost reply),
+                # and a new submission would append the same checkpoint again.
+                recorded = self.ledger.recorder.select_submission(first.submission_id)  # type: ignore[attr-defined]
+                if recorded is not None:
+                    return [Verdict(first.submission_id, "duplicate", run_id, position=recorded.position)]
             ours = (
                 [first]
                 if first is not None and attempt == 0 and first.epoch == epoch

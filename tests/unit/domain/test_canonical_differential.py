@@ -11,13 +11,14 @@ import enum
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.budgets import Usage
 from domain.canonical import _reference_bytes, canonical_bytes
 from domain.chain import envelope_digest, seal
-from domain.commands import RenewLease, Submission
+from domain.commands import ReleaseLease, RenewLease, Submission
 from domain.events import (
     EVENT_TYPES,
     BlobRef,
@@ -187,3 +188,22 @@ def test_every_event_type_encodes_and_seals_as_the_definition(bodies: list[Any])
     assert seal("run-é", 4, "sha256:" + "0" * 64, submission, 3, bodies, 7) == sealed_by_definition(
         4, submission, bodies
     )
+
+
+class Tagged(msgspec.Struct, tag="a%b"):
+    """A tag holding a ``%``, which the compiled template must escape."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ReleaseLease(),  # tagged, no fields
+        msgspec.defstruct("Empty", [])(),  # untagged, no fields
+        msgspec.defstruct("Keyword", [("class", int)])(1),  # a field Python source cannot name
+        Tagged(),
+    ],
+    ids=["tag-only", "empty", "keyword-field", "percent-tag"],
+)
+def test_unusual_struct_classes_encode_as_the_reference(value: Any) -> None:
+    """Given a Struct class of an unusual shape, when encoded, then the reference's bytes."""
+    assert canonical_bytes(value) == _reference_bytes(value, opaque=False)
