@@ -167,3 +167,38 @@ def test_a_stale_async_writer_is_rejected_in_the_fenced_statement(store_url: str
 
 async def _alist(saver: Any) -> list[Any]:
     return [t async for t in saver.alist(generate_config(THREAD))]
+
+
+def test_a_committed_async_put_whose_reply_is_lost_is_not_appended_again(store_url: str) -> None:
+    """Given an async put that commits but whose reply is lost, and a lease that expires before the fallback,
+    when the saver falls back (taking the lease again, at a new epoch), then it finds the committed try and
+    the checkpoint is in the log once."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("SQLite has no asyncio append")
+    init_store(store_url)
+    clock = ManualClock()
+    a = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS, clock=clock)
+    asubmit = a.ledger.asubmit
+
+    async def reply_lost(*args: Any, **kwargs: Any) -> Any:
+        assert await asubmit(*args, **kwargs) is not None  # committed
+        clock.advance(ms=TTL_MS + 1)  # and the lease expires before the caller hears of it
+        return None
+
+    async def puts(parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+        config = generate_config(THREAD)
+        if parent is not None:
+            config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+        checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
+        stored: dict[str, Any] = await a.aput(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
+        return stored
+
+    try:
+        first = asyncio.run(puts(None, 0))  # takes the lease (sync path)
+        a.ledger.asubmit = reply_lost  # type: ignore[method-assign]
+        second = asyncio.run(puts(first, 1))
+
+        assert _ids(a) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+    finally:
+        a.close(release=False)
+    assert _checkpoint_writers(store_url) == [(1, "worker-a"), (1, "worker-a")]
