@@ -105,23 +105,29 @@ class SubmissionService:
         threads, self._threads = self._threads, []
         if not threads:
             return
-        left: list[_Job] = []
-        with contextlib.suppress(queue.Empty):
-            while (job := self._jobs.get_nowait()) is not None:
-                left.append(job)
+        left = self._untaken()
         for _ in threads:
             self._jobs.put(None)
         for thread in threads:
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+        left += self._untaken()  # the stop signals too
+        for thread in threads:
+            if thread.is_alive():  # still in a slow store after the join's wait: its stop signal again
+                self._jobs.put(None)
+        if left:
+            _abandon(left, asyncio.CancelledError())
+        if self._deliveries:
+            await asyncio.wait(set(self._deliveries), timeout=10)
+
+    def _untaken(self) -> list[_Job]:
+        """Empty the queue: the submissions no ledger thread has taken (stop signals dropped)."""
+        left: list[_Job] = []
         with contextlib.suppress(queue.Empty):
             while True:
                 job = self._jobs.get_nowait()
                 if job is not None:
                     left.append(job)
-        if left:
-            _abandon(left, asyncio.CancelledError())
-        if self._deliveries:
-            await asyncio.wait(set(self._deliveries), timeout=10)
+        return left
 
     def check(self, raw: bytes, run_id: str | None = None) -> Submission | Verdict:
         """The submission in ``raw``, or its rejection; ``run_id`` is the run the transport addressed, if any."""
