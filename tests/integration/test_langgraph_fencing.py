@@ -35,12 +35,23 @@ def savers(store_url: str) -> Iterator[tuple[Any, Any, ManualClock, str]]:
     b.close(release=False)
 
 
-def _put(saver: Any, parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+def _put_args(parent: dict[str, Any] | None, step: int) -> tuple[Any, ...]:
+    """(config, checkpoint, metadata, new versions) of checkpoint ``step`` after ``parent``."""
     config = generate_config(THREAD)
     if parent is not None:
         config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
     checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
-    stored: dict[str, Any] = saver.put(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
+    return config, checkpoint, generate_metadata(step=step), {"step": step + 1}
+
+
+def _put(saver: Any, parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    stored: dict[str, Any] = saver.put(*_put_args(parent, step))
+    return stored
+
+
+def _aput(saver: Any, parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    """``aput`` in an event loop of its own."""
+    stored: dict[str, Any] = asyncio.run(saver.aput(*_put_args(parent, step)))
     return stored
 
 
@@ -135,24 +146,15 @@ def test_a_stale_async_writer_is_rejected_in_the_fenced_statement(store_url: str
 
     a.ledger.asubmit = spy  # type: ignore[method-assign]
     try:
-
-        async def a_puts(parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
-            config = generate_config(THREAD)
-            if parent is not None:
-                config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
-            checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
-            stored: dict[str, Any] = await a.aput(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
-            return stored
-
-        first = asyncio.run(a_puts(None, 0))  # takes the lease (sync path)
-        second = asyncio.run(a_puts(first, 1))  # the async path
+        first = _aput(a, None, 0)  # takes the lease (sync path)
+        second = _aput(a, first, 1)  # the async path
         postgres = store_url.startswith("postgresql")
         assert [t is not None for t in tries] == ([True] if postgres else [])
         clock_b.advance(ms=TTL_MS + 1)
         third = _put(b, second, 2)
 
         with pytest.raises(errors.StaleEpoch) as caught:
-            asyncio.run(a_puts(second, 2))
+            _aput(a, second, 2)
 
         assert (caught.value.reason, caught.value.current_epoch) == ("stale_epoch", 2)
         assert [t is not None for t in tries] == ([True, False] if postgres else [])
@@ -185,18 +187,10 @@ def test_a_committed_async_put_whose_reply_is_lost_is_not_appended_again(store_u
         clock.advance(ms=TTL_MS + 1)  # and the lease expires before the caller hears of it
         return None
 
-    async def puts(parent: dict[str, Any] | None, step: int) -> dict[str, Any]:
-        config = generate_config(THREAD)
-        if parent is not None:
-            config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
-        checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
-        stored: dict[str, Any] = await a.aput(config, checkpoint, generate_metadata(step=step), {"step": step + 1})
-        return stored
-
     try:
-        first = asyncio.run(puts(None, 0))  # takes the lease (sync path)
+        first = _aput(a, None, 0)  # takes the lease (sync path)
         a.ledger.asubmit = reply_lost  # type: ignore[method-assign]
-        second = asyncio.run(puts(first, 1))
+        second = _aput(a, first, 1)
 
         assert _ids(a) == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
     finally:
