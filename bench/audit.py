@@ -9,7 +9,7 @@ at the end.
 **Populating.** Each run is built as Baton builds it, without ``decide``: ``RunOpened``,
 ``LeaseGranted`` (epoch 1), then ``IntentRecorded``/``ObservationRecorded`` pairs with their
 charges and context digests, sealed into one chain by ``domain.chain.seal`` and stored exactly as
-the ledger's mapper stores them (``msgspec.json.encode`` of the envelope, topic
+the ledger's mapper stores them (the stored form of ``domain.chain.seal_stored``, topic
 ``domain.events:<Type>``), written with ``COPY`` into the events table; the run rows
 (``baton_runs``: head, head digest, epoch, holder) as the fence would leave them. The stores'
 submission rows are not written: the audit never reads them.
@@ -19,8 +19,9 @@ submission rows are not written: the audit never reads them.
 * *raw*: the audit's own read of the same rows (``adapters.eventstore.audit_reader.stored_rows``:
   ``SELECT originator_id, state ... ORDER BY originator_id, originator_version``, binary results
   streamed in chunks of 5000 rows, or a server-side cursor before libpq 17) and a typed
-  ``msgspec.json.Decoder(RecordedEvent)`` decode of every row: the fastest sensible read that still
-  decodes what it reads;
+  ``msgspec.json.Decoder(RecordedEvent, strict=False)`` decode of every row (the ledger's own decode:
+  the stored form writes integers as decimal strings): the fastest sensible read that still decodes
+  what it reads;
 * *audit*: ``adapters.audit_runner.audit_store`` on a fresh ledger (what ``baton audit --all --jobs 1``
   runs: the same scan, ``AuditFold.apply_stored`` per event, the run-row anchors), asserting no problem;
 * with ``--jobs J > 1`` (default 2): *raw xJ* and *audit xJ*, the same two split into J key ranges
@@ -59,7 +60,7 @@ from adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
 from domain.budgets import Usage  # noqa: E402
 from domain.canonical import ZERO_DIGEST, canonical_bytes  # noqa: E402
-from domain.chain import seal  # noqa: E402
+from domain.chain import seal_stored  # noqa: E402
 from domain.commands import ReleaseLease, Submission  # noqa: E402
 from domain.decide import context_digest  # noqa: E402
 from domain.events import (  # noqa: E402
@@ -76,16 +77,15 @@ from domain.events import (  # noqa: E402
 
 GOAL_EVENTS_PER_S = 100_000
 T0 = 1_767_225_600_000_000
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(RecordedEvent)
+_decoder = msgspec.json.Decoder(RecordedEvent, strict=False)  # the ledger's own decode of its stored form
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_events(run_id: str, length: int) -> list[RecordedEvent]:
-    """One run of ``length`` events, chained as the ledger would seal them."""
+def run_events(run_id: str, length: int) -> list[tuple[RecordedEvent, bytes]]:
+    """One run of ``length`` events and their stored forms, chained as the ledger would seal them."""
     placement = Placement("worker-1", model="m", provider="p", region="r", tool_contracts=("shell@1",))
     bodies: list[Event] = [
         RunOpened("release-1", "agent-state", 1, BlobRef("sha256:" + "ab" * 32, 11, "blob://task")),
@@ -98,10 +98,11 @@ def run_events(run_id: str, length: int) -> list[RecordedEvent]:
         bodies.append(IntentRecorded(f"op-{i}", "pure", "shell@1", context, digest, f"k-{i}", Usage(1, size)))
         bodies.append(ObservationRecorded(f"op-{i}", digest, "ok", Usage(result_bytes=12), result={"exit": 0}))
     bodies = bodies[:length]
-    opened = seal(run_id, 0, ZERO_DIGEST, Submission(f"{run_id}-0", run_id, "sup", ReleaseLease()), 0, bodies[:1], T0)
-    rest = seal(
-        run_id, 1, opened[0].digest, Submission(f"{run_id}-1", run_id, "worker-1", ReleaseLease(), 1), 1, bodies[1:], T0
+    opened = seal_stored(
+        run_id, 0, ZERO_DIGEST, Submission(f"{run_id}-0", run_id, "sup", ReleaseLease()), 0, bodies[:1], T0
     )
+    resumed = Submission(f"{run_id}-1", run_id, "worker-1", ReleaseLease(), 1)
+    rest = seal_stored(run_id, 1, opened[0][0].digest, resumed, 1, bodies[1:], T0)
     return opened + rest
 
 
@@ -120,12 +121,10 @@ def populate(url: str, events: int, runs: int) -> None:
             for r in range(runs):
                 run_id = f"run-{r:05d}"
                 log_ = run_events(run_id, per_run + (1 if r < events % runs else 0))
-                for event in log_:
+                for event, stored in log_:
                     notification += 1
-                    copy.write_row(
-                        (run_id, event.position, TOPIC_PREFIX + event.type, _encoder.encode(event), notification)
-                    )
-                last = log_[-1]
+                    copy.write_row((run_id, event.position, TOPIC_PREFIX + event.type, stored, notification))
+                last = log_[-1][0]
                 heads.append(
                     (run_id, last.position, last.digest, 1, "worker-1", T0 + 86_400_000_000, "GENERATING", "open")
                 )

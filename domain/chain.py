@@ -2,6 +2,12 @@
 
 Verification reads the *stored bytes* generically (no event classes needed), so an auditor running
 an older or newer release can still check a log, and upcasting never disturbs a digest.
+
+The *stored form* of an envelope is its canonical bytes (what its digest covers) with the digest
+added as the last member: ``{...canonical members...,"digest":"sha256:..."}``. It is still one JSON
+object holding every field, and cutting the last member off (``hashed_part``) gives back exactly
+the hashed bytes, so a reader checks a digest over the stored bytes themselves, with no decoding
+or re-encoding, and the writer encodes each event once.
 """
 
 from __future__ import annotations
@@ -16,7 +22,17 @@ from domain.commands import Submission
 from domain.errors import ChainBroken
 from domain.events import Event, RecordedEvent
 
-__all__ = ["EVENT_PREFIX", "ChainReport", "envelope_digest", "seal", "verify_chain"]
+__all__ = [
+    "EVENT_PREFIX",
+    "ChainReport",
+    "envelope_digest",
+    "hashed_part",
+    "seal",
+    "seal_stored",
+    "stored_bytes",
+    "stored_form",
+    "verify_chain",
+]
 
 EVENT_PREFIX = b"baton.event.v1\x00"
 
@@ -24,6 +40,34 @@ EVENT_PREFIX = b"baton.event.v1\x00"
 def envelope_digest(envelope_without_digest: dict[str, Any]) -> str:
     """The digest of an envelope given as builtins, with its ``digest`` key absent."""
     return digest_of(EVENT_PREFIX, canonical_bytes(envelope_without_digest))
+
+
+def stored_form(canonical: bytes, digest: str) -> bytes:
+    """The envelope as stored: its canonical bytes (ending ``}\\n``) with the digest as a last member."""
+    return b'%b,"digest":%b}' % (canonical[:-2], _strings.encode(digest))
+
+
+_DIGEST_MEMBER = b',"digest":"sha256:'
+_DIGEST_TAIL = len(_DIGEST_MEMBER) + 64 + 2  # the member, 64 hex digits, the closing quote and brace
+
+
+def hashed_part(stored: bytes) -> tuple[bytes, bytes] | None:
+    """``(the bytes the digest covers, the claimed digest)`` of an envelope in the stored form, else None.
+
+    None means only that the bytes are not in the stored form (an older store's, an export line,
+    a tampered one): the caller verifies them the reference way (``envelope_digest``).
+    """
+    cut = len(stored) - _DIGEST_TAIL
+    if cut < 2 or not stored.endswith(b'"}') or not stored.startswith(_DIGEST_MEMBER, cut):
+        return None
+    return stored[:cut] + b"}\n", stored[cut + 11 : -2]
+
+
+def stored_bytes(event: RecordedEvent) -> bytes:
+    """The stored form of a sealed envelope, by the definition (``seal_stored`` gives the same bytes)."""
+    builtins = msgspec.to_builtins(event)
+    del builtins["digest"]
+    return stored_form(canonical_bytes(builtins), event.digest)
 
 
 def seal(
@@ -36,6 +80,19 @@ def seal(
     now: int,
 ) -> list[RecordedEvent]:
     """Wrap bodies into envelopes at positions ``head+1..``, each chained to the one before."""
+    return [event for event, _ in seal_stored(run_id, head, head_digest, submission, epoch, bodies, now)]
+
+
+def seal_stored(
+    run_id: str,
+    head: int,
+    head_digest: str,
+    submission: Submission,
+    epoch: int,
+    bodies: Sequence[Event],
+    now: int,
+) -> list[tuple[RecordedEvent, bytes]]:
+    """``seal``, with each envelope's stored form (``stored_form``), encoded once for both."""
     worker, submission_id = submission.worker, submission.submission_id
     # The envelope's canonical bytes are its sorted fields around the body's canonical bytes, so
     # only the body is walked; the fixed fields are spliced in when they have their exact types.
@@ -49,20 +106,22 @@ def seal(
             _strings.encode(submission_id),
             _strings.encode(worker),
         )
-    sealed: list[RecordedEvent] = []
+    sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
         body_bytes = struct_canonical_bytes(body) if spliced and type(prev) is str else None
         if body_bytes is not None:
             middle = b'","prev_digest":%b' % _strings.encode(prev)
-            digest = digest_of(EVENT_PREFIX, b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail))
+            canonical = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
         else:
             draft = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body)
             builtins = msgspec.to_builtins(draft)
             del builtins["digest"]
-            digest = envelope_digest(builtins)
-        sealed.append(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest))
+            canonical = canonical_bytes(builtins)
+        digest = digest_of(EVENT_PREFIX, canonical)
+        event = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest)
+        sealed.append((event, stored_form(canonical, digest)))
         prev = digest
     return sealed
 
@@ -88,8 +147,8 @@ def verify_chain(stored: Iterable[bytes], run_id: str | None = None) -> ChainRep
             if not isinstance(envelope, dict):
                 raise TypeError("not an object")
             claimed = envelope.pop("digest")
-            position = envelope["position"]
-        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            position = int(envelope["position"])  # a decimal string in the stored form
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             raise ChainBroken(f"position {expected}: undecodable envelope ({exc})", expected) from None
         if position != expected:
             raise ChainBroken(f"position {expected}: found position {position} (gap or reorder)", expected)

@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST
-from domain.chain import envelope_digest
+from domain.canonical import ZERO_DIGEST, digest_of
+from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part
+from domain.decide import CONTEXT_PREFIX
 from domain.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -54,7 +55,6 @@ from domain.events import (
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
-from projections.audit_digest import Unsupported, recorded_digests
 from projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
@@ -101,8 +101,20 @@ class _Item(NamedTuple):
 
 
 _generic = msgspec.json.Decoder()
-_typed = msgspec.json.Decoder(RecordedEvent)
-_stored_encoder = msgspec.json.Encoder()  # what adapters.eventstore.mapper stores
+_typed = msgspec.json.Decoder(RecordedEvent, strict=False)  # the stored form writes integers as decimal strings
+
+
+class _StoredContext(msgspec.Struct):
+    context: msgspec.Raw
+
+
+class _StoredIntent(msgspec.Struct):
+    """An intent's context exactly as stored: in the stored form, the bytes its context digest covers."""
+
+    body: _StoredContext
+
+
+_stored_intent = msgspec.json.Decoder(_StoredIntent)
 
 
 class AuditFold:
@@ -133,25 +145,42 @@ class AuditFold:
     def apply_stored(self, data: bytes) -> None:
         """One stored envelope (the events table's bytes, or a line of an export)."""
         self.events += 1
-        # The fast path, for bytes that are exactly msgspec's encoding of their typed decode (what
-        # the ledger stores): then the typed value is the stored content, field for field, and its
-        # canonical bytes can be written from it directly. Anything else, and any digest that does
-        # not match, takes the reference path below, which also words the problems.
+        typed = self._verified(data)
+        if typed is None:
+            self._apply_by_reference(data)
+        elif typed.position == self.head + 1 and self._held is None and typed.run_id == self.state.run_id:
+            self._in_order(typed.position, typed.prev_digest, typed.digest, typed)  # _intake's common case
+        else:
+            self._intake(_Item(typed.position, typed.prev_digest, typed.digest, typed), typed.digest)
+
+    def _verified(self, data: bytes) -> RecordedEvent | None:
+        """The fast path: the typed envelope of bytes in the stored form whose digest holds, else None.
+
+        The digest is checked over the stored bytes themselves (``domain.chain.hashed_part``), then
+        they are decoded once for the rules. Anything else (an older store's JSON, an export line, a
+        digest that does not hold, bytes that do not decode) goes the reference way, which also
+        words the problems.
+        """
+        split = hashed_part(data)
+        if split is None or digest_of(EVENT_PREFIX, split[0]).encode() != split[1]:
+            return None
         try:
             typed = _typed.decode(data)
-            if _stored_encoder.encode(typed) == data:
-                digest, quoted = recorded_digests(typed, plain_strings=b"\\" not in data)  # msgspec escapes with one
-                if digest != typed.digest:
-                    raise Unsupported  # the reference path words the mismatch
-                if quoted is not None and quoted == typed.body.context_digest:  # type: ignore[union-attr]  # an intent
-                    self.state.context_checked = typed.body.context  # type: ignore[union-attr]  # ``intent`` need not redo it
-                if typed.position == self.head + 1 and self._held is None and typed.run_id == self.state.run_id:
-                    self._in_order(typed.position, typed.prev_digest, typed.digest, typed)  # _intake's common case
-                else:
-                    self._intake(_Item(typed.position, typed.prev_digest, typed.digest, typed), typed.digest)
-                return
-        except (msgspec.DecodeError, Unsupported):
-            pass
+        except msgspec.DecodeError:
+            return None
+        if typed.digest.encode() != split[1]:
+            return None
+        body = typed.body
+        if type(body) is IntentRecorded:
+            # Its context's stored bytes are its canonical bytes (they carry a valid digest): when
+            # they give the quoted digest, ``intent`` need not encode the context again.
+            context = bytes(_stored_intent.decode(data).body.context) + b"\n"
+            if digest_of(CONTEXT_PREFIX, context) == body.context_digest:
+                self.state.context_checked = body.context
+        return typed
+
+    def _apply_by_reference(self, data: bytes) -> None:
+        """Any bytes: decoded generically, the digest computed by ``envelope_digest``, problems worded."""
         try:
             envelope = _generic.decode(data)
             if not isinstance(envelope, dict):

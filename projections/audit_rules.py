@@ -12,6 +12,7 @@ from operator import add
 import msgspec
 
 from domain.budgets import COUNTERS, MAX_COUNTER, Usage
+from domain.decide import context_digest
 from domain.events import (
     CheckpointSealed,
     HandoffAccepted,
@@ -26,7 +27,6 @@ from domain.events import (
     TransitionRecorded,
 )
 from domain.stages import Stage, is_legal
-from projections.audit_digest import quotes_context_digest
 from projections.audit_state import AuditState, LeaseRecord, OpRecord
 
 __all__ = [
@@ -215,12 +215,19 @@ def intent(s: AuditState, e: RecordedEvent) -> None:
             "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
         )
         return
-    if body.context is not s.context_checked and not quotes_context_digest(body.context, body.context_digest):
+    if body.context is not s.context_checked and not _quotes_its_context(body):
         s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
     if body.kind == "effect" and (older := _older_open(s)):
         s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")
     s.operations[body.op_id] = OpRecord(body.kind, body.context_digest, e.epoch, e.position)
     s.open_by_epoch[e.epoch] = s.open_by_epoch.get(e.epoch, 0) + 1
+
+
+def _quotes_its_context(body: IntentRecorded) -> bool:
+    try:
+        return context_digest(body.context) == body.context_digest
+    except (TypeError, ValueError):  # a context with no canonical form (a float, say) has no digest to quote
+        return False
 
 
 def _settle(s: AuditState, e: RecordedEvent) -> OpRecord | None:

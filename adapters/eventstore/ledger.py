@@ -41,7 +41,7 @@ from adapters.eventstore.fenced import (
 from adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_recorded
 from domain import errors
 from domain.canonical import digest_of
-from domain.chain import ChainReport, seal, verify_chain
+from domain.chain import ChainReport, seal_stored, verify_chain
 from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
 from domain.decide import decide, envelope_epoch
 from domain.errors import ChainBroken
@@ -309,9 +309,11 @@ class RunLedger(Application[str]):
                         return None
                     return [self._after_rejection(submission, rejection)]
                 epoch = envelope_epoch(state, submission, bodies)
-                for recorded in seal(state.run_id, state.version, state.head_digest, submission, epoch, bodies, now):
+                for recorded, stored in seal_stored(
+                    state.run_id, state.version, state.head_digest, submission, epoch, bodies, now
+                ):
                     apply(state, recorded)
-                    pending.append(StoredRunEvent(recorded))
+                    pending.append(StoredRunEvent(recorded, stored))
                 rows.append(
                     SubmissionRow(submission.submission_id, state.run_id, submission_digest(submission), state.version)
                 )

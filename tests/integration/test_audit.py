@@ -217,7 +217,7 @@ def test_the_read_streams_every_row_in_order_and_a_read_closed_early_leaves_the_
     ledger = ledgers(ManualClock(T0))
     for run_id in (RUN, OTHER):
         short_run(ledger, run_id)
-    every = [(run_id, msgspec.json.decode(data)["position"]) for run_id, data in stored_rows(ledger, itersize=2)]
+    every = [(run_id, int(msgspec.json.decode(data)["position"])) for run_id, data in stored_rows(ledger, itersize=2)]
     assert every == [(run_id, position) for run_id in sorted((RUN, OTHER)) for position in range(1, 6)]
     with contextlib.closing(stored_rows(ledger, itersize=2)) as stream:
         assert next(stream)[0] == min(RUN, OTHER)

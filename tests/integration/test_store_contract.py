@@ -492,7 +492,7 @@ def test_an_interrupt_in_the_middle_of_a_batch_leaves_no_phantom_state(
     """Given a batch interrupted after its first submission was applied, then nothing of it sticks anywhere."""
     ledger = ledgers()
     worker = leased_run(ledger)
-    real_seal, calls = ledger_module.seal, []
+    real_seal, calls = ledger_module.seal_stored, []
 
     def seal_then_interrupt(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -500,10 +500,10 @@ def test_an_interrupt_in_the_middle_of_a_batch_leaves_no_phantom_state(
             raise KeyboardInterrupt("between decide and put")
         return real_seal(*args, **kwargs)
 
-    monkeypatch.setattr(ledger_module, "seal", seal_then_interrupt)
+    monkeypatch.setattr(ledger_module, "seal_stored", seal_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         ledger.submit_many([worker.submission(intent("op-1")), worker.submission(intent("op-2"))])
-    monkeypatch.setattr(ledger_module, "seal", real_seal)
+    monkeypatch.setattr(ledger_module, "seal_stored", real_seal)
 
     assert store.event_count(RUN) == 2
     assert ledger.state(RUN).version == 2

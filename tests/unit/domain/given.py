@@ -65,7 +65,7 @@ def altered(value: Any) -> Any:
     if isinstance(value, int):
         return value + 1
     if isinstance(value, str):
-        return value + "!"
+        return str(int(value) + 1) if value.isdecimal() else value + "!"  # the stored form's integers are strings
     if isinstance(value, list):
         return [*value, "!"]
     if isinstance(value, dict):

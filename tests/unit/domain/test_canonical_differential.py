@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.budgets import Usage
-from domain.canonical import _reference_bytes, canonical_bytes
-from domain.chain import envelope_digest, seal
+from domain.canonical import _reference_bytes, canonical_bytes, digest_of
+from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part, seal, seal_stored, stored_bytes
 from domain.commands import ReleaseLease, RenewLease, Submission
 from domain.events import (
     EVENT_TYPES,
@@ -188,6 +188,27 @@ def test_every_event_type_encodes_and_seals_as_the_definition(bodies: list[Any])
     assert seal("run-é", 4, "sha256:" + "0" * 64, submission, 3, bodies, 7) == sealed_by_definition(
         4, submission, bodies
     )
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(EVERY_BODY, min_size=1, max_size=3))
+def test_the_stored_form_holds_the_hashed_bytes_and_decodes_back(bodies: list[Any]) -> None:
+    """Given sealed envelopes of any event type, when put in the stored form, then it is the definition's,
+    cutting off the digest gives the canonical bytes the digest covers, and a lenient decode gives the envelope."""
+    submission = Submission("s-1", "run-é", "w-1", RenewLease(ttl_ms=1))
+    for event, stored in seal_stored("run-é", 4, "sha256:" + "0" * 64, submission, 3, bodies, 7):
+        assert stored == stored_bytes(event)
+        builtins = msgspec.to_builtins(event)
+        del builtins["digest"]
+        assert hashed_part(stored) == (canonical_bytes(builtins), event.digest.encode())
+        assert digest_of(EVENT_PREFIX, canonical_bytes(builtins)) == event.digest
+        assert msgspec.json.decode(stored, type=RecordedEvent, strict=False) == event
+
+
+@pytest.mark.parametrize("data", [b"", b"{}", b'{"digest":"sha256:' + b"0" * 64 + b'"', b'{"a":"1"}' + b" " * 90])
+def test_bytes_not_in_the_stored_form_have_no_hashed_part(data: bytes) -> None:
+    """Given bytes without the stored form's last member, when split, then None (the reference path's)."""
+    assert hashed_part(data) is None
 
 
 class Tagged(msgspec.Struct, tag="a%b"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from domain.budgets import MAX_COUNTER, Ceilings, Usage
 from domain.canonical import canonical_bytes
-from domain.chain import seal, verify_chain
+from domain.chain import seal, stored_bytes, verify_chain
 from domain.commands import ReleaseLease, Submission
 from domain.decide import context_digest
 from domain.errors import ChainBroken
@@ -38,6 +39,12 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "audit.md"
 
 
 def stored(log: list[RecordedEvent]) -> list[bytes]:
+    """The bytes the ledger stores (``domain.chain.stored_form``)."""
+    return [stored_bytes(event) for event in log]
+
+
+def legacy(log: list[RecordedEvent]) -> list[bytes]:
+    """The bytes stores written before the stored form hold: msgspec's JSON of the envelope."""
     return [msgspec.json.encode(event) for event in log]
 
 
@@ -70,11 +77,13 @@ def intent_body(op_id: str, *, charge: Usage | None = None, kind: str = "effect"
 
 @settings(max_examples=60, deadline=None)
 @hypothesis_given(histories(max_steps=60))
-def test_valid_histories_audit_clean_as_events_stored_bytes_and_canonical_lines(log: list[RecordedEvent]) -> None:
-    """Given any history decide accepted, when audited from envelopes, stored bytes or export lines, then no problem."""
+def test_valid_histories_audit_clean_in_every_form(log: list[RecordedEvent]) -> None:
+    """Given any history decide accepted, when audited from envelopes, stored bytes (today's or an older
+    store's) or export lines, then no problem."""
     anchor = (log[-1].position, log[-1].digest)
     assert audit_events(RUN, log, anchor) == []
     assert audit_stored(RUN, stored(log), anchor) == []
+    assert audit_stored(RUN, legacy(log), anchor) == []
     assert audit_stored(RUN, [canonical_bytes(msgspec.to_builtins(e)) for e in log], anchor) == []
 
 
@@ -238,13 +247,16 @@ def test_a_wrong_context_digest_is_found_from_stored_bytes_too() -> None:
     assert found(audit_stored(RUN, stored(history.log))) == {(4, "context_digest_mismatch")}
 
 
-def test_strings_that_need_escaping_audit_clean_and_a_changed_byte_among_them_is_found() -> None:
+@pytest.mark.parametrize("encode", [stored, legacy])
+def test_strings_that_need_escaping_audit_clean_and_a_changed_byte_among_them_is_found(
+    encode: Callable[[list[RecordedEvent]], list[bytes]],
+) -> None:
     """Given stored strings with quotes, backslashes, control characters and non-ASCII text, when audited,
     then clean; when one of their bytes changes, then digest_mismatch (and its context's) at that position."""
     history = leased()
     for index, text in enumerate(['say "hi"', "C:\\temp", "line\nbreak", "é \U0001f600", "plain"]):
         history.record(intent(f"op-{index}", "pure", arguments={"cmd": text}))
-    raw = stored(history.log)
+    raw = encode(history.log)
     assert audit_stored(RUN, raw) == []
     assert b"\\\\temp" in raw[3]
     raw[3] = raw[3].replace(b"\\\\temp", b"\\\\tmp")
@@ -290,6 +302,15 @@ def test_stages_move_legally_and_nothing_follows_the_end() -> None:
         (end, "after_terminal"),
         (end, "not_lease_holder"),
     }
+
+
+def test_a_stored_digest_member_that_is_not_the_digest_is_a_mismatch_there() -> None:
+    """Given stored bytes whose last member (the digest) is replaced by another digest, when audited,
+    then digest_mismatch at that position and the next event's link is still checked."""
+    raw = stored(five())
+    other = five()[0].digest.encode()
+    raw[2] = raw[2][: -len(other) - 2] + other + b'"}'
+    assert (3, "digest_mismatch") in found(audit_stored(RUN, raw))
 
 
 def test_problems_are_capped_per_run() -> None:
