@@ -84,6 +84,8 @@ class Cell:
     p50_ms: float
     p99_ms: float
     total: int = 0  # verdicts including the warm-up: what the CPU columns divide by
+    p90_ms: float = float("nan")  # in the JSON only: with p99 and max, whether the tail is broad or a few stalls
+    max_ms: float = float("nan")
     serve_cpu_ms: float = float("nan")  # CPU per verdict of the service process(es)
     client_cpu_ms: float = float("nan")  # CPU per verdict of this process
 
@@ -112,9 +114,12 @@ def prepare_runs(ledger: RunLedger, prefix: str, count: int) -> list[tuple[str, 
 
 def summarise(name: str, workers: int, latencies: list[float], seconds: float, rejected: int, total: int) -> Cell:
     ordered = sorted(latencies)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
-    p50 = statistics.median(ordered) if ordered else float("nan")
-    return Cell(name, workers, len(ordered), seconds, rejected, p50 * 1e3, p99 * 1e3, total)
+
+    def quantile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1e3 if ordered else float("nan")
+
+    p50 = statistics.median(ordered) * 1e3 if ordered else float("nan")
+    return Cell(name, workers, len(ordered), seconds, rejected, p50, quantile(0.99), total, quantile(0.9), quantile(1))
 
 
 async def drive(
@@ -238,6 +243,7 @@ def echo_main(nats_url: str) -> None:
             await msg.respond(msg.data)
 
         await nc.subscribe("bench.echo", queue="echo", cb=echo)
+        await nc.flush()  # the server has the subscription: a request right after "ready" finds it
         print("ready", flush=True)
         await asyncio.Event().wait()
 

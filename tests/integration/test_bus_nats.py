@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -88,6 +89,21 @@ def test_request_reply_answers_accepted_then_duplicate_at_the_same_position(bus_
             again = await request(nc, open_run("r1"))
             assert (first.verdict, first.position) == ("accepted", 1)
             assert (again.verdict, again.position, again.submission_id) == ("duplicate", 1, "open-r1")
+            assert event_count(ledger, "r1") == 1
+
+    run(scenario())
+
+
+def test_a_started_bus_has_frozen_the_startup_heap_once_per_process(bus_store_url: str, nats_url: str) -> None:
+    """Given a started bus, the heap alive at its start is frozen, and a second bus freezes nothing more."""
+
+    async def scenario() -> None:
+        async with serving(bus_store_url, nats_url) as (_, ledger), client(nats_url) as nc:
+            frozen = gc.get_freeze_count()
+            assert frozen > 0  # a full collection never walks these objects again
+            async with serving(bus_store_url, nats_url, NatsOptions(queue="second", relay=False)):
+                assert gc.get_freeze_count() == frozen
+            assert (await request(nc, open_run("r1"))).verdict == "accepted"
             assert event_count(ledger, "r1") == 1
 
     run(scenario())
