@@ -28,8 +28,9 @@ c) **memory of one resume**, each in a fresh interpreter (subprocess): growth of
    resume 4-5x);
 d) **the same-run raw baseline**, alternating with (a): psycopg server-side cursor (binary results, ``itersize``
    1000; sqlite3 on SQLite) over ``SELECT state FROM <events> WHERE originator_id = ... ORDER BY
-   originator_version``, ``msgspec.json.Decoder(RecordedEvent)`` typed decode, ``domain.state.apply``
-   into one ``RunState``, each event dropped after it is folded;
+   originator_version``, ``msgspec.json.Decoder(RecordedEvent, strict=False)`` typed decode (the
+   ledger's own: the stored form writes integers as decimal strings), ``domain.state.apply`` into
+   one ``RunState``, each event dropped after it is folded;
 e) **view catch-up** (when ``adapters.views`` and ``bootstrap.open_views`` exist): a fresh
    ``ViewRunner.catch_up()`` over the whole store, stopped after ``--views-budget`` seconds if it
    has not finished, against raw fetch + decode + fold (a ``RunState`` per run) of the same rows in
@@ -99,7 +100,7 @@ GOAL_RATIO = 2.0  # resume without snapshots <= 2x raw
 GOAL_SNAPSHOT_MS = 10.0  # resume with a snapshot: p50 <= 10 ms at any length
 GOAL_MEMORY_MIB = 32.0  # peak growth of one resume
 GOAL_VIEWS = 0.4  # view catch-up >= 0.4x raw
-_DECODER = msgspec.json.Decoder(RecordedEvent)
+_DECODER = msgspec.json.Decoder(RecordedEvent, strict=False)  # the ledger's own decode of the stored form
 
 
 def log(msg: str) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "canonical_value",
     "digest_of",
     "is_plain_opaque",
+    "schema_integer",
     "short",
     "struct_canonical_bytes",
 ]
@@ -303,6 +304,17 @@ def _defer(value: Any) -> bytes:
 def digest_of(prefix: bytes, data: bytes) -> str:
     """SHA-256 with a domain-separation prefix, so a digest of one kind never verifies another."""
     return "sha256:" + hashlib.sha256(prefix + data).hexdigest()
+
+
+def schema_integer(value: object) -> int:
+    """A schema integer read generically from stored bytes: its canonical decimal string, or (in
+    stores written before the stored form) a JSON number. Any other spelling raises ValueError:
+    ``int()`` alone would take ``"+1"``, ``" 1"``, ``"0_1"`` or ``True``."""
+    if type(value) is int:
+        return value
+    if type(value) is str and value.isascii() and value.lstrip("-").isdigit() and value == str(int(value)):
+        return int(value)
+    raise ValueError(f"not a canonical integer: {value!r}")
 
 
 def short(digest: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, struct_canonical_bytes
+from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, struct_canonical_bytes
 from domain.commands import Submission
 from domain.errors import ChainBroken
 from domain.events import Event, RecordedEvent
@@ -47,6 +47,7 @@ def stored_form(canonical: bytes, digest: str) -> bytes:
     return b'%b,"digest":%b}' % (canonical[:-2], _strings.encode(digest))
 
 
+_FIRST_MEMBER = b'{"body":'  # the smallest key: an older store's JSON starts with ``{"run_id":``
 _DIGEST_MEMBER = b',"digest":"sha256:'
 _DIGEST_TAIL = len(_DIGEST_MEMBER) + 64 + 2  # the member, 64 hex digits, the closing quote and brace
 
@@ -58,7 +59,8 @@ def hashed_part(stored: bytes) -> tuple[bytes, bytes] | None:
     a tampered one): the caller verifies them the reference way (``envelope_digest``).
     """
     cut = len(stored) - _DIGEST_TAIL
-    if cut < 2 or not stored.endswith(b'"}') or not stored.startswith(_DIGEST_MEMBER, cut):
+    shaped = stored.startswith(_FIRST_MEMBER) and stored.startswith(_DIGEST_MEMBER, cut) and stored.endswith(b'"}')
+    if cut < 2 or not shaped:
         return None
     return stored[:cut] + b"}\n", stored[cut + 11 : -2]
 
@@ -147,7 +149,7 @@ def verify_chain(stored: Iterable[bytes], run_id: str | None = None) -> ChainRep
             if not isinstance(envelope, dict):
                 raise TypeError("not an object")
             claimed = envelope.pop("digest")
-            position = int(envelope["position"])  # a decimal string in the stored form
+            position = schema_integer(envelope["position"])  # a decimal string in the stored form
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             raise ChainBroken(f"position {expected}: undecodable envelope ({exc})", expected) from None
         if position != expected:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST, digest_of
+from domain.canonical import ZERO_DIGEST, digest_of, schema_integer
 from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part
 from domain.decide import CONTEXT_PREFIX
 from domain.events import (
@@ -55,6 +55,7 @@ from domain.events import (
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
+from projections.audit_spelling import canonically_spelled
 from projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
@@ -117,6 +118,16 @@ class _StoredIntent(msgspec.Struct):
 _stored_intent = msgspec.json.Decoder(_StoredIntent)
 
 
+def _canonical_digest(event: RecordedEvent) -> str:
+    """``envelope_digest`` of a decoded envelope's fields, its ``digest`` left out."""
+    builtins = msgspec.to_builtins(event)
+    del builtins["digest"]
+    try:
+        return envelope_digest(builtins)
+    except (TypeError, ValueError) as exc:
+        return f"not canonically encodable ({exc})"
+
+
 class AuditFold:
     """Feed a run's events in stored order (``apply_stored`` bytes, or ``apply`` envelopes), then ``finish``.
 
@@ -157,9 +168,11 @@ class AuditFold:
         """The fast path: the typed envelope of bytes in the stored form whose digest holds, else None.
 
         The digest is checked over the stored bytes themselves (``domain.chain.hashed_part``), then
-        they are decoded once for the rules. Anything else (an older store's JSON, an export line, a
-        digest that does not hold, bytes that do not decode) goes the reference way, which also
-        words the problems.
+        they are decoded once for the rules, and must be the canonical bytes of what they decode to
+        (``canonically_spelled``: a digest proves only that the bytes are what was hashed, and the
+        audit must refuse whatever ``verify_chain`` refuses). Anything else (an older store's JSON,
+        an export line, a digest that does not hold, bytes that do not decode or are spelled
+        otherwise) goes the reference way, which also words the problems.
         """
         split = hashed_part(data)
         if split is None or digest_of(EVENT_PREFIX, split[0]).encode() != split[1]:
@@ -168,12 +181,12 @@ class AuditFold:
             typed = _typed.decode(data)
         except msgspec.DecodeError:
             return None
-        if typed.digest.encode() != split[1]:
+        if typed.digest.encode() != split[1] or not canonically_spelled(split[0], typed):
             return None
         body = typed.body
         if type(body) is IntentRecorded:
-            # Its context's stored bytes are its canonical bytes (they carry a valid digest): when
-            # they give the quoted digest, ``intent`` need not encode the context again.
+            # Its context's stored bytes are its canonical bytes (the envelope's are): when they give
+            # the quoted digest, ``intent`` need not encode the context again.
             context = bytes(_stored_intent.decode(data).body.context) + b"\n"
             if digest_of(CONTEXT_PREFIX, context) == body.context_digest:
                 self.state.context_checked = body.context
@@ -186,7 +199,7 @@ class AuditFold:
             if not isinstance(envelope, dict):
                 raise TypeError("not an object")
             claimed = envelope.pop("digest")
-            position = int(envelope["position"])
+            position = schema_integer(envelope["position"])
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             self.state.report("undecodable", f"undecodable envelope ({exc})", self.head + 1)
             self.head, self.head_digest = self.head + 1, None
@@ -202,14 +215,16 @@ class AuditFold:
         except msgspec.ValidationError as exc:
             self.state.report("undecodable", f"not a known event ({exc})", position)
             event = None
+        if event is not None and claimed == computed and _canonical_digest(event) != computed:
+            # a lenient spelling (``"1e0"``, ``"-0"``, ``"null"``) under a valid digest: the bytes
+            # verify, but they are not the canonical bytes of the event every reader gets from them
+            self.state.report("noncanonical", "a value is not spelled as its canonical form", position)
         self._intake(_Item(position, str(envelope.get("prev_digest")), str(claimed), event), computed)
 
     def apply(self, event: RecordedEvent) -> None:
         """One decoded envelope; its digest is recomputed from its fields."""
         self.events += 1
-        builtins = msgspec.to_builtins(event)
-        del builtins["digest"]
-        self._intake(_Item(event.position, event.prev_digest, event.digest, event), envelope_digest(builtins))
+        self._intake(_Item(event.position, event.prev_digest, event.digest, event), _canonical_digest(event))
 
     def _intake(self, item: _Item, computed: str) -> None:
         if item.digest != computed:

@@ -31,6 +31,7 @@ CODES: dict[str, str] = {
     # the chain and the envelope
     "undecodable": "the stored bytes are not an envelope of a known event",
     "digest_mismatch": "an event's digest does not match its content (altered bytes)",
+    "noncanonical": 'the digest holds, but a value is spelled otherwise than its canonical form ("1e0" for 1)',
     "broken_link": "an event's prev_digest is not the digest of the position before it",
     "position_gap": "positions are missing (deleted events)",
     "position_duplicate": "a position occurs twice",

@@ -17,7 +17,7 @@ import pytest
 
 from domain import errors
 from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage, checked_add
-from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, short
+from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, short
 from domain.chain import EVENT_PREFIX, seal, verify_chain
 from domain.commands import OpenRun, Submission
 from domain.decide import context_digest
@@ -342,3 +342,16 @@ def test_stage_order_and_spelling_are_pinned() -> None:
 def test_is_legal_for_every_pair(current: Stage, target: Stage) -> None:
     """Forward one step is legal, skipping or staying is not, and rework to GENERATING only from REWORKABLE."""
     assert is_legal(current, target) is ((current, target) in LEGAL)
+
+
+@pytest.mark.parametrize(("stored", "value"), [("0", 0), ("7", 7), ("-12", -12), (3, 3), ("9" * 30, int("9" * 30))])
+def test_schema_integers_read_as_stored_in_either_form(stored: object, value: int) -> None:
+    """Given a canonical decimal string (the stored form) or a JSON number (older stores), then the integer."""
+    assert schema_integer(stored) == value
+
+
+@pytest.mark.parametrize("stored", ["+1", " 1", "1 ", "01", "-0", "0_1", "1e0", "1.0", "\u0661", "", True, 1.0, None])
+def test_other_spellings_of_a_schema_integer_are_refused(stored: object) -> None:
+    """Given a spelling ``int()`` would take but the definition never writes, then ValueError."""
+    with pytest.raises(ValueError, match="not a canonical integer"):
+        schema_integer(stored)
