@@ -51,7 +51,15 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reserved_fuel: int = 0
 
     def plus(self, other: Usage) -> Usage:
-        """Checked addition of every counter (plain additions, then one range check: hot path)."""
+        """Checked addition of every counter (plain additions, then one range check: hot path).
+
+        The check spells out its comparisons: ``min`` and ``max`` parse keyword arguments on every
+        call, which costs more than the additions. ``decide`` checks the very sum that ``apply``
+        then records, so the last sum is remembered (by identity: the operands are immutable).
+        """
+        last = _last_sum[0]
+        if last[0] is self and last[1] is other:
+            return last[2]
         total = Usage(
             self.calls + other.calls,
             self.argument_bytes + other.argument_bytes,
@@ -62,9 +70,15 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             self.stages + other.stages,
             self.reserved_fuel + other.reserved_fuel,
         )
-        if min(msgspec.structs.astuple(other)) < 0 or max(msgspec.structs.astuple(total)) > MAX_COUNTER:
+        b, t, top = msgspec.structs.astuple(other), msgspec.structs.astuple(total), MAX_COUNTER
+        if (  # any counter added is negative, or any total is past the top
+            b[0] < 0 or b[1] < 0 or b[2] < 0 or b[3] < 0 or b[4] < 0 or b[5] < 0 or b[6] < 0 or b[7] < 0
+            or t[0] > top or t[1] > top or t[2] > top or t[3] > top
+            or t[4] > top or t[5] > top or t[6] > top or t[7] > top
+        ):  # fmt: skip
             for name in COUNTERS:  # slow path: name the counter, with the same errors as checked_add
                 checked_add(getattr(self, name), getattr(other, name), what=name)
+        _last_sum[0] = (self, other, total)  # one store of one tuple: a reader never sees half an entry
         return total
 
     def validate(self) -> None:
@@ -108,3 +122,4 @@ class Ceilings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _UNBOUNDED = Ceilings()
+_last_sum: list[tuple[Usage, Usage, Usage]] = [(Usage(), Usage(), Usage())]

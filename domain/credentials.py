@@ -25,7 +25,15 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "NAMES", "find_credential", "may_hold_credential"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "NAMES",
+    "credential_named",
+    "find_credential",
+    "is_credential_key",
+    "may_hold_credential",
+]
 
 MAX_DEPTH = 64
 MAX_NODES = 1_000_000  # every node of a 1 MiB JSON document takes at least 2 bytes
@@ -122,7 +130,9 @@ def find_credential(value: Any, *, encoded: bytes | None = None) -> str | None:
 def may_hold_credential(text: bytes) -> bool:
     """False only when ``find_credential`` of the value whose JSON text this is finds nothing.
 
-    The text is ``msgspec.json.encode(value)``, of the value or of its builtins (the same text).
+    The text is ``msgspec.json.encode(value)``, of the value or of its builtins (the same text), or
+    any JSON text holding every container and every string of that text (keys included) except
+    object members the caller has screened itself (``is_credential_key`` and the key's formats).
     """
     containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
     if len(text) >= 2 * MAX_NODES or containers >= MAX_DEPTH:
@@ -185,19 +195,25 @@ def _children(
         if found:
             return f"{found} in an object key under {path}"
         child_path = f"{path}.{name[:_MAX_PATH_SEGMENT]}"
-        if _is_credential_key(name, child):
+        if is_credential_key(name, child):
             return f"a credential-named key at {child_path}"
         children.append((child_path, child, depth + 1))
     return children
 
 
-def _is_credential_key(name: str, value: Any) -> bool:
+def is_credential_key(name: str, value: Any) -> bool:
+    """Whether the walk reports the object member ``name: value`` (value as builtins) for its key's name."""
     if value is None or isinstance(value, bool) or (isinstance(value, str | dict | list | tuple) and not value):
         return False
     normalized = _SEPARATORS.sub("", name.lower())
     if normalized.endswith(_AUTHORIZATION):
         return isinstance(value, str) and _HEADER_SHAPED.match(value) is not None
     return normalized.endswith(NAMES)
+
+
+def credential_named(name: str) -> bool:
+    """Whether ``is_credential_key`` may hold for some value under this key."""
+    return _SEPARATORS.sub("", name.lower()).endswith((*NAMES, _AUTHORIZATION))
 
 
 def _format_in(text: str) -> str | None:

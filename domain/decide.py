@@ -6,7 +6,9 @@ never by a worker's. A rejection raises; nothing about it is ever stored.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import typing
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -38,7 +40,7 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.credentials import find_credential, may_hold_credential
+from domain.credentials import credential_named, find_credential, is_credential_key, may_hold_credential
 from domain.events import (
     BlobRef,
     CheckpointSealed,
@@ -105,54 +107,44 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     command = submission.command
     _screen(command)
-    if isinstance(command, OpenRun):
-        return [_open(state, command)]
+    if isinstance(command, _UNFENCED):
+        return _unfenced(state, submission, command, now)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
         # an import, or a refusal that does not depend on who asks (no handoff, or one already taken)
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
-    if not state.opened:
-        raise errors.RunNotFound(f"run {submission.run_id!r} does not exist")
-    if isinstance(command, PurgeThread):  # erasure is an operator's duty, also on a closed run
-        return threads.decide_purge(state, command)
-    if state.closed:
-        raise errors.RunClosed(f"run {state.run_id!r} is {state.status}")
-    if isinstance(command, AcquireLease):
-        return _acquire(state, submission, command, now)
-    if isinstance(command, ExpireLease):
-        return _expire(state, now)
-    if isinstance(command, _FROM_AUTHORITIES):
-        return [_from_authority(state, submission, command, now)]
+    _require_run(state, submission)
     _check_fence(state, submission, now)
     if state.pending_handoff is not None and not isinstance(command, _WHILE_HANDOFF_PENDING):
         msg = f"handoff {state.pending_handoff} must be accepted (or aborted) before anything else"
         raise errors.HandoffPending(msg)
-    if isinstance(command, PrepareHandoff):
-        return handoff.prepare(state, submission, command, now + _ttl_us(command.ttl_ms))
-    if isinstance(command, AcceptHandoff):
-        return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
-    if isinstance(command, AbortHandoff):
-        return handoff.abort(state, command)
-    if isinstance(command, RenewLease):
-        return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
-    if isinstance(command, ReleaseLease):
-        return [LeaseReleased(submission.worker, state.epoch)]
-    if isinstance(command, ReserveStage):
-        if command.fuel < 0:
-            raise errors.Malformed("fuel cannot be negative")
-        charge = _charged(state, Usage(reserved_fuel=command.fuel))
-        return [StageReserved(command.stage_id, command.fuel, charge)]
+    # the work of a run first: most submissions are
     if isinstance(command, RecordIntent):
         if command.kind == "effect":
             authority.require_authority(state, submission.worker, command.context, now)
         return [_intent(state, command)]
-    if isinstance(command, RecordEvidence):
-        return [authority.record_evidence(command)]
     if isinstance(command, RecordObservation):
         return [_observation(state, command)]
     if isinstance(command, ReconcileIntent):
         return [_reconcile(state, command)]
     if isinstance(command, RecordTransition):
         return [_transition(state, command)]
+    if isinstance(command, ReserveStage):
+        if command.fuel < 0:
+            raise errors.Malformed("fuel cannot be negative")
+        charge = _charged(state, Usage(reserved_fuel=command.fuel))
+        return [StageReserved(command.stage_id, command.fuel, charge)]
+    if isinstance(command, RenewLease):
+        return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
+    if isinstance(command, ReleaseLease):
+        return [LeaseReleased(submission.worker, state.epoch)]
+    if isinstance(command, PrepareHandoff):
+        return handoff.prepare(state, submission, command, now + _ttl_us(command.ttl_ms))
+    if isinstance(command, AcceptHandoff):
+        return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
+    if isinstance(command, AbortHandoff):
+        return handoff.abort(state, command)
+    if isinstance(command, RecordEvidence):
+        return [authority.record_evidence(command)]
     if isinstance(command, SealCheckpoint):
         _require_settled(state, "seal a checkpoint")
         return [CheckpointSealed(command.checkpoint_id, state.stage, command.state_digest, command.state_ref)]
@@ -169,25 +161,61 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     raise errors.Malformed(msg)  # pragma: no cover
 
 
+_FromAuthority = GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval
+_FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval)
+_UNFENCED = (OpenRun, PurgeThread, AcquireLease, ExpireLease, *_FROM_AUTHORITIES)
+_WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
+
+
+def _unfenced(
+    state: RunState,
+    submission: Submission,
+    command: OpenRun | PurgeThread | AcquireLease | ExpireLease | _FromAuthority,
+    now: int,
+) -> list[Event]:
+    """Commands whose sender need not hold the lease: to open, erase, take over, or grant."""
+    if isinstance(command, OpenRun):
+        return [_open(state, command)]
+    if isinstance(command, PurgeThread):  # erasure is an operator's duty, also on a closed run
+        _require_run(state, submission, closed=True)
+        return threads.decide_purge(state, command)
+    _require_run(state, submission)
+    if isinstance(command, AcquireLease):
+        return _acquire(state, submission, command, now)
+    if isinstance(command, ExpireLease):
+        return _expire(state, now)
+    return [_from_authority(state, submission, command, now)]
+
+
+def _require_run(state: RunState, submission: Submission, *, closed: bool = False) -> None:
+    """The run exists and, unless ``closed`` ones will do, is neither completed nor failed."""
+    if not state.opened:
+        raise errors.RunNotFound(f"run {submission.run_id!r} does not exist")
+    if state.closed and not closed:
+        raise errors.RunClosed(f"run {state.run_id!r} is {state.status}")
+
+
 def _check_ids(submission: Submission) -> None:
-    for name in ("submission_id", "run_id", "worker"):
-        value = getattr(submission, name)
-        if not value or len(value) > MAX_ID_LENGTH:
-            msg = f"{name} must be 1..{MAX_ID_LENGTH} characters"
-            raise errors.Malformed(msg)
+    ids = sid, run_id, worker = submission.submission_id, submission.run_id, submission.worker
+    top = MAX_ID_LENGTH
+    if not (sid and run_id and worker and len(sid) <= top and len(run_id) <= top and len(worker) <= top):
+        for name, value in zip(("submission_id", "run_id", "worker"), ids, strict=True):  # name the first offender
+            if not value or len(value) > MAX_ID_LENGTH:
+                msg = f"{name} must be 1..{MAX_ID_LENGTH} characters"
+                raise errors.Malformed(msg)
     if submission.epoch < 0:
         raise errors.Malformed("epoch cannot be negative")
 
 
 def _screen(command: Any) -> None:
-    """Bounds first, then credentials; the command's JSON text proves most commands pass both.
+    """Bounds first, then credentials; a JSON text of the command proves most commands pass both.
 
-    A Struct encodes to the same text as its builtins, so the walks' input is built only when a
-    prefilter is unsure.
+    The text is that of ``_keyless(command)``, so the prefilters read the values without the keys
+    that every command of a class shares; the builtins are built and walked only when one is unsure.
     """
     try:
-        text: bytes | None = _json.encode(command)
-    except (TypeError, ValueError, OverflowError, RecursionError):
+        text: bytes | None = _json.encode(_keyless(command))
+    except (_Unsure, TypeError, ValueError, OverflowError, RecursionError):
         text = None
     if text is not None and _surely_within_bounds(text) and not may_hold_credential(text):
         return
@@ -198,19 +226,94 @@ def _screen(command: Any) -> None:
         raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
 
 
-def _surely_within_bounds(text: bytes) -> bool:
-    """Whether the command's JSON text alone proves that ``_check_bounds`` passes (most do).
+class _Unsure(Exception):
+    """Only the command's builtins can say: walk them."""
 
-    Without escapes, each string is the run between two quotes, in at least as many bytes as it
-    has characters; a list of n items holds n - 1 commas; a negative size reads ``"size":-``.
-    Anything else is walked.
+
+class _Plan(NamedTuple):
+    """What ``_keyless`` needs of a Struct class: its tag, and the fields whose key makes their value matter."""
+
+    tag: str | int | None
+    sizes: tuple[int, ...]  # fields under ``size``: ``_check_bounds`` refuses a negative int there
+    named: tuple[tuple[int, str], ...]  # fields under a credential name: ``find_credential`` looks at the value
+    structs: tuple[int, ...]  # fields declared as Structs: made keyless too
+
+
+def _keyless(value: msgspec.Struct) -> list[Any]:
+    """``value`` without its keys: its tag, then its fields' values, nested Structs keyless too.
+
+    Its JSON text holds every container and every string of the JSON text of ``value``'s builtins
+    (so the same or more of whatever the prefilters count) but the keys of Struct fields and tags:
+    ``_plan`` screens those once per class, and the values under the few keys that matter are
+    checked here. Other Structs (in lists, dicts or fields not declared as Structs) keep their keys.
+    """
+    plan = _PLANS.get(type(value)) or _plan(type(value))
+    out = [plan.tag, *msgspec.structs.astuple(value)]
+    for index in plan.sizes:
+        if type(out[index]) is int and out[index] < 0:
+            raise _Unsure
+    for index, key in plan.named:
+        item = out[index]
+        if type(item) is str:
+            if item and is_credential_key(key, item):
+                raise _Unsure
+        elif item is not None:
+            raise _Unsure
+    for index in plan.structs:
+        if isinstance(out[index], msgspec.Struct):
+            out[index] = _keyless(out[index])
+    return out
+
+
+def _plan(cls: type[msgspec.Struct]) -> _Plan:
+    """The plan of a Struct class, made once; ``_Unsure`` if its own keys need the walk (none in the domain)."""
+    if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+        raise _Unsure
+    try:
+        fields = msgspec.structs.fields(cls)
+    except Exception:  # annotations that do not resolve: nothing to plan with
+        raise _Unsure from None
+    config = cls.__struct_config__
+    keys = [field.encode_name for field in fields]
+    tag_keys = [] if config.tag_field is None else [config.tag_field]
+    if any(find_credential(key) for key in keys + tag_keys) or any(credential_named(key) for key in tag_keys):
+        raise _Unsure  # a credential format in a key, or a tag under a credential name
+    plan = _PLANS[cls] = _Plan(  # indices into ``[tag, *fields]``
+        config.tag,
+        tuple(index for index, key in enumerate(keys, 1) if key == "size"),
+        tuple((index, key) for index, key in enumerate(keys, 1) if credential_named(key)),
+        tuple(index for index, field in enumerate(fields, 1) if _names_a_struct(field.type)),
+    )
+    return plan
+
+
+def _names_a_struct(annotation: Any) -> bool:
+    """Whether a field's type is a Struct class or mentions one (``BlobRef | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return True
+    return any(_names_a_struct(arg) for arg in typing.get_args(annotation))
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _surely_within_bounds(text: bytes) -> bool:
+    """Whether a JSON text of the command alone proves that ``_check_bounds`` passes (most do).
+
+    Without escapes, each string is the run after its opening quote, in at least as many bytes as
+    it has characters; a list of n items holds n - 1 commas; a negative size reads ``"size":-``.
+    Anything else is walked. (``find``, not ``in``: ``bytes.__contains__`` first tries its operand
+    as an int, and formats the exception it catches.)
     """
     return (
-        b"\\" not in text
+        text.find(b"\\") < 0
         and text.count(b",") < MAX_LIST_ITEMS
-        and b'"size":-' not in text
-        and max(map(len, text.split(b'"'))) <= MAX_ID_LENGTH
+        and text.find(b'"size":-') < 0
+        and _LONG_STRING.search(text) is None
     )
+
+
+_LONG_STRING = re.compile(b'"[^"]{%d}' % (MAX_ID_LENGTH + 1))
 
 
 def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: this runs per submission
@@ -240,15 +343,9 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
 
 
 _CONTAINERS = (str, list, dict)
-_FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval)
 
 
-def _from_authority(
-    state: RunState,
-    submission: Submission,
-    command: GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval,
-    now: int,
-) -> Event:
+def _from_authority(state: RunState, submission: Submission, command: _FromAuthority, now: int) -> Event:
     """Grants and approvals come from someone other than the holder, so they are not fenced."""
     if isinstance(command, GrantAuthority):
         return authority.grant(state, submission, command, now)
@@ -257,9 +354,6 @@ def _from_authority(
     if isinstance(command, GrantApproval):
         return authority.approve(state, submission, command, now)
     return authority.deny(state, submission, command)
-
-
-_WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
 
 
 def _ttl_us(ttl_ms: int) -> int:

@@ -45,6 +45,8 @@ _WORK = (IntentRecorded, ObservationRecorded, IntentReconciled, TransitionRecord
 _LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired)
 _HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
 _AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
+_SETTLING = (ObservationRecorded, IntentReconciled)
+_CLOSING = (RunCompleted, RunFailed)
 
 __all__ = ["Approval", "Evidence", "Grant", "Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
 
@@ -134,17 +136,11 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:
     charge: Usage | None = getattr(body, "charge", None)
     if charge is not None:
         state.usage = state.usage.plus(charge)
-    if isinstance(body, RunOpened):
-        state.opened = True
-        state.release_id = body.release_id
-        state.schema_name = body.schema_name
-        state.schema_version = body.schema_version
-        state.ceilings = body.ceilings
-    elif isinstance(body, _LEASE):
-        _lease(state, body)
-    elif isinstance(body, _WORK):
+    if isinstance(body, _WORK):  # first: most events are
         state.work_position = recorded.position
         _work(state, body, recorded)
+    elif isinstance(body, _LEASE):
+        _lease(state, body)
     elif isinstance(body, CheckpointSealed):
         state.last_checkpoint_id = body.checkpoint_id
         state.sealed_position = recorded.position
@@ -152,7 +148,13 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:
         _authority(state, body)
     elif isinstance(body, _HANDOFF):
         _handoff(state, body, recorded.position)
-    elif isinstance(body, RunCompleted | RunFailed):
+    elif isinstance(body, RunOpened):
+        state.opened = True
+        state.release_id = body.release_id
+        state.schema_name = body.schema_name
+        state.schema_version = body.schema_version
+        state.ceilings = body.ceilings
+    elif isinstance(body, _CLOSING):
         state.status = "completed" if isinstance(body, RunCompleted) else "failed"
         state.lease = None
 
@@ -196,7 +198,7 @@ def _work(
         )
         if state.op_ids is not None:
             state.op_ids.add(body.op_id)
-    elif isinstance(body, ObservationRecorded | IntentReconciled):
+    elif isinstance(body, _SETTLING):
         state.operations.pop(body.op_id, None)
     elif isinstance(body, TransitionRecorded):
         state.stage = body.to_stage

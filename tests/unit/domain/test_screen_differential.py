@@ -1,0 +1,171 @@
+"""Screening fast paths: given any command, when screened, then the same outcome as the reference walk.
+
+The reference is what ``_screen`` falls back to: the command's builtins, ``_check_bounds``, then the
+exact credential walk (``credentials._walk``, without its own prefilter). Commands of every class of
+the union are generated from their schemas, with strings that carry credential formats, credential
+names, long and escaped texts, negative sizes and long lists, so each prefilter is pushed over its
+edge both ways.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain import credentials, errors
+from domain.commands import Command, RecordIntent
+from domain.decide import _check_bounds, _keyless, _screen
+from domain.events import BlobRef, IntentContext
+
+ALNUM = "A7b9C2d4E6f8G1h3J5k7L9m2N4p6Q8r1S3t5"
+SECRETS = [
+    "ghp_" + ALNUM,
+    "Bearer " + ALNUM,
+    "sk-" + ALNUM,
+    "AKIA" + "Z7Q2X9W4V6U3T8S5",
+    "postgresql://u:" + "pw@db/x",
+    "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxIn0" + ".c2ln",
+    "-----BEGIN " + "PRIVATE KEY-----",
+    "Basic dXNlcjpwYXNz",
+]
+TEXT = st.one_of(
+    st.text(max_size=10),
+    st.sampled_from(SECRETS),
+    st.sampled_from(["Basic dXNlcjpwYXNz", "Digest username=x", "Token abcd1234"]),  # header-shaped only
+    st.sampled_from(["", "auth-1", "sk-", "eyJ", "a:b@", 'q"uote\\', "é" * 150, "to\u212aen", "x" * 201]),
+    st.integers(195, 205).map(lambda n: "y" * n),
+)
+KEYS = st.one_of(
+    st.sampled_from([*credentials.NAMES, "Authorization", "api-key", "size", "arguments", "note", "document"]),
+    TEXT,
+)
+JSON = st.recursive(
+    st.one_of(TEXT, st.integers(-3, 3), st.none(), st.booleans(), st.just([]), st.just({})),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.integers(254, 258).map(lambda n: list(range(n))),
+        st.dictionaries(KEYS, children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _strategy(kind: msgspec.inspect.Type) -> st.SearchStrategy[Any]:  # noqa: PLR0911 - one case per schema type
+    """Values of a schema type, biased to the edges screening cares about."""
+    if isinstance(kind, msgspec.inspect.StrType):
+        return TEXT
+    if isinstance(kind, msgspec.inspect.IntType):
+        return st.integers(-2, 2)
+    if isinstance(kind, msgspec.inspect.BoolType):
+        return st.booleans()
+    if isinstance(kind, msgspec.inspect.NoneType):
+        return st.none()
+    if isinstance(kind, msgspec.inspect.LiteralType):
+        return st.sampled_from(kind.values)
+    if isinstance(kind, msgspec.inspect.EnumType):
+        return st.sampled_from(list(kind.cls))
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return st.one_of(*[_strategy(member) for member in kind.types])
+    if isinstance(kind, msgspec.inspect.VarTupleType):
+        item = _strategy(kind.item_type)
+        return st.one_of(st.lists(item, max_size=3), st.integers(255, 258).map(lambda n: ["t"] * n)).map(tuple)
+    if isinstance(kind, msgspec.inspect.StructType):
+        fields = {field.name: _strategy(field.type) for field in kind.fields}
+        return st.fixed_dictionaries(fields).map(lambda values: kind.cls(**values))
+    return JSON  # Any, and dict[str, Any]: opaque payloads
+
+
+COMMANDS = st.one_of(
+    *[_strategy(msgspec.inspect.type_info(cls)) for cls in typing.get_args(Command)],
+    _strategy(msgspec.inspect.type_info(RecordIntent)),  # twice: the one with a credential-named field
+)
+
+
+def _reference(command: Any) -> None:
+    plain = msgspec.to_builtins(command)
+    _check_bounds(plain, "command")
+    found = credentials._walk(plain)
+    if found:
+        raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
+
+
+def _outcome(screen: Any, command: Any) -> tuple[str, str]:
+    try:
+        screen(command)
+    except errors.Rejection as exc:
+        return type(exc).__name__, str(exc)
+    return "passed", ""
+
+
+@settings(max_examples=3000, deadline=None)
+@given(COMMANDS)
+def test_screening_decides_as_the_reference_walk_does(command: Any) -> None:
+    """Whatever the command, the prefiltered screen rejects exactly what the reference rejects, alike."""
+    assert _outcome(_screen, command) == _outcome(_reference, command)
+
+
+def _intent(authorization: str = "", arguments: dict[str, Any] | None = None) -> RecordIntent:
+    context = IntentContext(turn=1, operation="op", authorization=authorization, arguments=arguments or {})
+    return RecordIntent("op-1", "effect", "tool@1", context, "idem-1")
+
+
+def test_a_grant_id_under_authorization_passes_without_the_walk() -> None:
+    """An authorization binding (a grant id, not a header) is no credential, and needs no walk to say so."""
+    _keyless(_intent("auth-1"))  # would raise _Unsure: the value under a credential name is settled here
+
+    _screen(_intent("auth-1"))
+
+
+@pytest.mark.parametrize("header", ["Bearer " + ALNUM, "Basic dXNlcjpwYXNz"])
+def test_a_header_under_authorization_is_a_credential(header: str) -> None:
+    """A header-shaped authorization in the intent context is rejected, naming where it was found."""
+    with pytest.raises(errors.CredentialInPayload, match=r"\$\.context\.authorization"):
+        _screen(_intent(header))
+
+
+class _Vault(msgspec.Struct):
+    api_key: str | None = None
+    note: str = ""
+
+
+class _Renamed(msgspec.Struct, rename={"note": "ghp_" + ALNUM}):
+    note: str = ""
+
+
+class _Tagged(msgspec.Struct, tag="ghp_" + ALNUM):
+    note: str = ""
+
+
+class _Sized(msgspec.Struct, tag=True):
+    ref: BlobRef | None = None
+    refs: list[BlobRef] = []
+
+
+@pytest.mark.parametrize(
+    ("value", "rejection"),
+    [
+        (_Vault(api_key="abc"), errors.CredentialInPayload),  # a credential-named field of a Struct
+        (_Vault(note="ghp_" + ALNUM), errors.CredentialInPayload),  # a format in a field's value
+        (_Renamed(), errors.CredentialInPayload),  # a format in a field's own key: the class is never planned
+        (_Tagged(), errors.CredentialInPayload),  # a format in a tag: the keyless text keeps tags
+        (_Sized(ref=BlobRef("sha256:x", -1)), errors.Malformed),  # a negative size in a nested Struct
+        (_Sized(refs=[BlobRef("sha256:x", -1)]), errors.Malformed),  # ... and in a Struct inside a list
+        ({"password": "hunter2"}, errors.CredentialInPayload),  # not a Struct at all: the reference decides
+    ],
+)
+def test_keys_the_keyless_text_drops_are_still_screened(value: Any, rejection: type[errors.Rejection]) -> None:
+    """Keys missing from the keyless text are judged per class or per value: nothing they say is lost."""
+    with pytest.raises(rejection):
+        _screen(value)
+    assert _outcome(_screen, value) == _outcome(_reference, value)
+
+
+def test_clean_values_of_those_classes_pass() -> None:
+    """The same classes with nothing to find pass, so the rejections above are about their content."""
+    for value in (_Vault(api_key=None, note="fine"), _Vault(api_key=""), _Sized(ref=BlobRef("sha256:x", 0))):
+        _screen(value)
