@@ -327,7 +327,7 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
         limit = MAX_ID_LENGTH if key in _ID_FIELDS else MAX_TEXT_LENGTH
         if len(value) > limit:
             raise errors.Malformed(f"{key} is {len(value)} characters; the limit is {limit}")
-    elif kind is list:
+    elif kind is list or kind is tuple:  # ``to_builtins`` keeps a Struct's tuple fields as tuples
         if len(value) > MAX_LIST_ITEMS:
             raise errors.Malformed(f"{key} has {len(value)} items; the limit is {MAX_LIST_ITEMS}")
         for item in value:
@@ -342,7 +342,7 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
                 _check_bounds(item, name)
 
 
-_CONTAINERS = (str, list, dict)
+_CONTAINERS = (str, list, tuple, dict)
 
 
 def _from_authority(state: RunState, submission: Submission, command: _FromAuthority, now: int) -> Event:

@@ -28,7 +28,15 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.decide import MAX_ID_LENGTH, MAX_INLINE_BYTES, MAX_TTL_MS, context_digest, decide
+from domain.decide import (
+    MAX_ID_LENGTH,
+    MAX_INLINE_BYTES,
+    MAX_LIST_ITEMS,
+    MAX_TEXT_LENGTH,
+    MAX_TTL_MS,
+    context_digest,
+    decide,
+)
 from domain.events import (
     BlobRef,
     CheckpointSealed,
@@ -316,6 +324,19 @@ def test_acquire_for_a_placement_of_another_worker_is_malformed() -> None:
 def test_acquire_with_ttl_outside_bounds_is_malformed(ttl_ms: int) -> None:
     """A lease ttl must be in 1..MAX_TTL_MS milliseconds."""
     assert given().opened().rejects(AcquireLease(placement(W1), ttl_ms=ttl_ms)).reason == "malformed"
+
+
+@pytest.mark.parametrize(
+    "capabilities",
+    [("x" * (MAX_TEXT_LENGTH + 1),), tuple(f"c{i}" for i in range(MAX_LIST_ITEMS + 1))],
+    ids=["long_string", "too_many_items"],
+)
+def test_acquire_with_a_placement_tuple_over_the_bounds_is_malformed(capabilities: tuple[str, ...]) -> None:
+    """Strings and items inside a tuple field are bounded like those of a list, and nothing is stored."""
+    rejection = (
+        given().opened().rejects(AcquireLease(msgspec.structs.replace(placement(W1), capabilities=capabilities)))
+    )
+    assert rejection.reason == "malformed" and "capabilities" in str(rejection)
 
 
 def test_acquire_with_the_longest_ttl_is_accepted() -> None:
