@@ -27,7 +27,6 @@ import msgspec
 
 from domain.canonical import ZERO_DIGEST, digest_of, schema_integer
 from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part
-from domain.decide import CONTEXT_PREFIX
 from domain.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -55,7 +54,7 @@ from domain.events import (
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
-from projections.audit_spelling import canonically_spelled
+from projections.audit_digest import Unsupported, recorded_canonical
 from projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
@@ -105,19 +104,6 @@ _generic = msgspec.json.Decoder()
 _typed = msgspec.json.Decoder(RecordedEvent, strict=False)  # the stored form writes integers as decimal strings
 
 
-class _StoredContext(msgspec.Struct):
-    context: msgspec.Raw
-
-
-class _StoredIntent(msgspec.Struct):
-    """An intent's context exactly as stored: in the stored form, the bytes its context digest covers."""
-
-    body: _StoredContext
-
-
-_stored_intent = msgspec.json.Decoder(_StoredIntent)
-
-
 def _canonical_digest(event: RecordedEvent) -> str:
     """``envelope_digest`` of a decoded envelope's fields, its ``digest`` left out."""
     builtins = msgspec.to_builtins(event)
@@ -165,31 +151,32 @@ class AuditFold:
             self._intake(_Item(typed.position, typed.prev_digest, typed.digest, typed), typed.digest)
 
     def _verified(self, data: bytes) -> RecordedEvent | None:
-        """The fast path: the typed envelope of bytes in the stored form whose digest holds, else None.
+        """The fast path: the typed envelope of bytes in the stored form that prove themselves, else None.
 
-        The digest is checked over the stored bytes themselves (``domain.chain.hashed_part``), then
-        they are decoded once for the rules, and must be the canonical bytes of what they decode to
-        (``canonically_spelled``: a digest proves only that the bytes are what was hashed, and the
-        audit must refuse whatever ``verify_chain`` refuses). Anything else (an older store's JSON,
-        an export line, a digest that does not hold, bytes that do not decode or are spelled
-        otherwise) goes the reference way, which also words the problems.
+        The bytes are decoded once, typed, for the rules; a writer generated per event type
+        (``projections.audit_digest``, pinned to the definition) writes that event's canonical bytes
+        from its fields, which must equal the stored hashed bytes (``domain.chain.hashed_part``)
+        byte for byte and give the stored digest. So the stored bytes are exactly the canonical
+        bytes of the event every reader decodes from them: a digest alone would prove only that
+        they are what was hashed. Anything else (an older store's JSON, an export line, a digest
+        or a spelling that does not hold, bytes that do not decode) goes the reference way, which
+        also words the problems.
         """
         split = hashed_part(data)
-        if split is None or digest_of(EVENT_PREFIX, split[0]).encode() != split[1]:
+        if split is None:
             return None
         try:
             typed = _typed.decode(data)
-        except msgspec.DecodeError:
+            canonical, quoted = recorded_canonical(typed, plain_strings=data.find(b"\\") < 0)
+        except (msgspec.DecodeError, Unsupported):
             return None
-        if typed.digest.encode() != split[1] or not canonically_spelled(split[0], typed):
+        hashed, claimed = split
+        if canonical != hashed or typed.digest.encode() != claimed:
             return None
-        body = typed.body
-        if type(body) is IntentRecorded:
-            # Its context's stored bytes are its canonical bytes (the envelope's are): when they give
-            # the quoted digest, ``intent`` need not encode the context again.
-            context = bytes(_stored_intent.decode(data).body.context) + b"\n"
-            if digest_of(CONTEXT_PREFIX, context) == body.context_digest:
-                self.state.context_checked = body.context
+        if digest_of(EVENT_PREFIX, canonical).encode() != claimed:
+            return None
+        if quoted is not None and quoted == typed.body.context_digest:  # type: ignore[union-attr]  # an intent
+            self.state.context_checked = typed.body.context  # type: ignore[union-attr]  # ``intent`` need not redo it
         return typed
 
     def _apply_by_reference(self, data: bytes) -> None:
