@@ -8,10 +8,10 @@ at the end.
 
 **Populating.** Each run is built as Baton builds it, without ``decide``: ``RunOpened``,
 ``LeaseGranted`` (epoch 1), then ``IntentRecorded``/``ObservationRecorded`` pairs with their
-charges and context digests, sealed into one chain by ``domain.chain.seal`` and stored exactly as
-the ledger's mapper stores them (the stored form of ``domain.chain.seal_stored``, topic
-``domain.events:<Type>``), written with ``COPY`` into the events table; the run rows
-(``baton_runs``: head, head digest, epoch, holder) as the fence would leave them. The stores'
+charges and context digests, sealed into one chain by ``domain.chain.seal_stored`` and stored in
+its stored form exactly as the ledger's mapper stores them (topic ``domain.events:<Type>``),
+written with ``COPY`` into the events table; the run rows (``baton_runs``: head, head digest,
+epoch, holder) as the fence would leave them. The stores'
 submission rows are not written: the audit never reads them.
 
 **Measured, alternating** (raw, audit, raw xJ, audit xJ, ...; ``--rounds`` of each):

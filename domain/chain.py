@@ -25,6 +25,7 @@ from domain.events import Event, RecordedEvent
 __all__ = [
     "EVENT_PREFIX",
     "ChainReport",
+    "envelope_bytes",
     "envelope_digest",
     "hashed_part",
     "seal",
@@ -65,11 +66,16 @@ def hashed_part(stored: bytes) -> tuple[bytes, bytes] | None:
     return stored[:cut] + b"}\n", stored[cut + 11 : -2]
 
 
-def stored_bytes(event: RecordedEvent) -> bytes:
-    """The stored form of a sealed envelope, by the definition (``seal_stored`` gives the same bytes)."""
+def envelope_bytes(event: RecordedEvent) -> bytes:
+    """The bytes an envelope's digest covers, by the definition: the canonical bytes of every field but ``digest``."""
     builtins = msgspec.to_builtins(event)
     del builtins["digest"]
-    return stored_form(canonical_bytes(builtins), event.digest)
+    return canonical_bytes(builtins)
+
+
+def stored_bytes(event: RecordedEvent) -> bytes:
+    """The stored form of a sealed envelope, by the definition (``seal_stored`` gives the same bytes)."""
+    return stored_form(envelope_bytes(event), event.digest)
 
 
 def seal(
@@ -117,10 +123,7 @@ def seal_stored(
             middle = b'","prev_digest":%b' % _strings.encode(prev)
             canonical = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
         else:
-            draft = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body)
-            builtins = msgspec.to_builtins(draft)
-            del builtins["digest"]
-            canonical = canonical_bytes(builtins)
+            canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
         digest = digest_of(EVENT_PREFIX, canonical)
         event = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest)
         sealed.append((event, stored_form(canonical, digest)))

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from domain.canonical import ZERO_DIGEST, digest_of, schema_integer
-from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part
+from domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest, hashed_part
 from domain.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -105,11 +105,9 @@ _typed = msgspec.json.Decoder(RecordedEvent, strict=False)  # the stored form wr
 
 
 def _canonical_digest(event: RecordedEvent) -> str:
-    """``envelope_digest`` of a decoded envelope's fields, its ``digest`` left out."""
-    builtins = msgspec.to_builtins(event)
-    del builtins["digest"]
+    """The digest of a decoded envelope's fields by the definition, or why it has none."""
     try:
-        return envelope_digest(builtins)
+        return digest_of(EVENT_PREFIX, envelope_bytes(event))
     except (TypeError, ValueError) as exc:
         return f"not canonically encodable ({exc})"
 
