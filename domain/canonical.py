@@ -96,13 +96,24 @@ def canonical_bytes(value: Any, *, opaque: bool = False) -> bytes:
         return _reference_bytes(value, opaque=opaque)  # same bytes, or the reference path's exact error
 
 
-def struct_canonical_bytes(value: msgspec.Struct) -> bytes | None:
+def struct_canonical_bytes(value: msgspec.Struct, *, given: tuple[str, bytes] | None = None) -> bytes | None:
     """``canonical_bytes(value)`` without its newline, or None when only the reference path can say.
 
     For a caller with its own definition to fall back on (``seal`` has the whole envelope's).
+    ``given`` is ``(field, text)``: the text of that field's value as it is written inside
+    ``value`` (canonical, no newline), which the caller has just written from that very value and
+    vouches for; it is spliced in instead of being written again (``decide`` hands an intent's
+    context on to its event this way).
     """
     try:
-        return _struct_bytes(value)
+        if given is None:
+            return _struct_bytes(value)
+        field, text = given
+        key = (type(value), field)
+        encode = _GIVEN_ENCODERS.get(key)
+        if encode is None:
+            encode = _GIVEN_ENCODERS[key] = _compile(type(value), given=field)
+        return encode(value, text)
     except Exception:  # whatever the fast path trips on, the caller's definition decides
         return None
 
@@ -249,13 +260,20 @@ def _struct_bytes(value: msgspec.Struct) -> bytes:
 
 
 _STRUCT_ENCODERS: dict[type, Callable[[Any], bytes]] = {}
+_GIVEN_ENCODERS: dict[tuple[type, str], Callable[[Any, bytes], bytes]] = {}
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
 
-def _compile(cls: type) -> Callable[[Any], bytes]:
-    """The encoder of one Struct class, or one that always defers to the reference path."""
+def _compile(cls: type, given: str | None = None) -> Callable[..., bytes]:
+    """The encoder of one Struct class, or one that always defers to the reference path.
+
+    With ``given``, the encoder takes that field's text as a second argument instead of writing it.
+    A class of integers only (``Usage``) gets an encoder that remembers its texts (``_remembered``).
+    """
     info = msgspec.inspect.type_info(cls)
     if not isinstance(info, msgspec.inspect.StructType) or not _compilable(cls, info):
+        return _defer
+    if given is not None and given not in {f.name for f in info.fields}:
         return _defer
     members: list[tuple[str, msgspec.inspect.Field | None]] = [(f.encode_name, f) for f in info.fields]
     if info.tag_field is not None:
@@ -266,21 +284,55 @@ def _compile(cls: type) -> Callable[[Any], bytes]:
             pieces.append(b'"%b":%b' % (key.encode(), _strings.encode(info.tag).replace(b"%", b"%%")))
             continue
         pieces.append(b'"%b":%%b' % key.encode())
-        value = f"v.{field.name}"
-        if key in OPAQUE_KEYS:
-            values.append(f"V({value}, True)")
-        elif isinstance(field.type, msgspec.inspect.StrType):
-            values.append(f"(S(x) if type(x := {value}) is str else V(x, False))")
-        elif isinstance(field.type, msgspec.inspect.IntType):
-            values.append(f"(b'\"%d\"' % x if type(x := {value}) is int else V(x, False))")
-        else:
-            values.append(f"V({value}, False)")
+        values.append("g" if field.name == given else _field_text(key, field))
     template = b"{" + b",".join(pieces) + b"}"
-    source = f"def encode(v):\n    return {template!r} % ({''.join(value + ', ' for value in values)})\n"
+    parameters = "v" if given is None else "v, g"
+    source = f"def encode({parameters}):\n    return {template!r} % ({''.join(value + ', ' for value in values)})\n"
     namespace: dict[str, Any] = {"S": _strings.encode, "V": _value_bytes}
     exec(source, namespace)  # generated from the class's own field names, checked above
-    encode: Callable[[Any], bytes] = namespace["encode"]
+    encode: Callable[..., bytes] = namespace["encode"]
+    if given is None and info.fields and all(isinstance(f.type, msgspec.inspect.IntType) for f in info.fields):
+        return _remembered(encode)
     return encode
+
+
+def _field_text(key: str, field: msgspec.inspect.Field) -> str:
+    """The Python expression that writes one field's text (strings and ints of their declared type inline)."""
+    value = f"v.{field.name}"
+    if key in OPAQUE_KEYS:
+        return f"V({value}, True)"
+    if isinstance(field.type, msgspec.inspect.StrType):
+        return f"(S(x) if type(x := {value}) is str else V(x, False))"
+    if isinstance(field.type, msgspec.inspect.IntType):
+        return f"(b'\"%d\"' % x if type(x := {value}) is int else V(x, False))"
+    return f"V({value}, False)"
+
+
+_REMEMBERED_TEXTS = 4096  # per class; then it starts afresh (charges repeat, running totals do not)
+
+
+def _remembered(encode: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """``encode`` for a class of integer fields, remembering each value's text by its plain JSON text.
+
+    Sound because only values whose every field is an exact ``int`` are remembered: their plain
+    text is ``{"field":<integer literal>,...}``, and any value msgspec writes as that very text
+    holds those integers in every field, as ints or int-valued enums (which the canonical form writes by
+    value; msgspec refuses other int subclasses); a bool, float, string or None writes another text.
+    """
+    texts: dict[bytes, bytes] = {}
+
+    def remembered(value: Any) -> bytes:
+        key = _strings.encode(value)  # insertion order, ints as numbers
+        text = texts.get(key)
+        if text is None:
+            text = encode(value)
+            if all(type(item) is int for item in msgspec.structs.astuple(value)):
+                if len(texts) >= _REMEMBERED_TEXTS:
+                    texts.clear()
+                texts[key] = text
+        return text
+
+    return remembered
 
 
 def _compilable(cls: type, info: msgspec.inspect.StructType) -> bool:

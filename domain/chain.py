@@ -99,8 +99,12 @@ def seal_stored(
     epoch: int,
     bodies: Sequence[Event],
     now: int,
+    encoded: Sequence[bytes | None] = (),
 ) -> list[tuple[RecordedEvent, bytes]]:
-    """``seal``, with each envelope's stored form (``stored_form``), encoded once for both."""
+    """``seal``, with each envelope's stored form (``stored_form``), encoded once for both.
+
+    ``encoded`` holds the canonical bytes of the first bodies where ``decide`` wrote them already.
+    """
     worker, submission_id = submission.worker, submission.submission_id
     # The envelope's canonical bytes are its sorted fields around the body's canonical bytes, so
     # only the body is walked; the fixed fields are spliced in when they have their exact types.
@@ -118,7 +122,12 @@ def seal_stored(
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        body_bytes = struct_canonical_bytes(body) if spliced and type(prev) is str else None
+        if not (spliced and type(prev) is str):
+            body_bytes = None
+        elif offset <= len(encoded) and encoded[offset - 1] is not None:
+            body_bytes = encoded[offset - 1]
+        else:
+            body_bytes = struct_canonical_bytes(body)
         if body_bytes is not None:
             middle = b'","prev_digest":%b' % _strings.encode(prev)
             canonical = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)

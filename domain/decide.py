@@ -14,7 +14,7 @@ import msgspec
 
 from domain import authority, errors, handoff, threads
 from domain.budgets import Usage
-from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of
+from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of, struct_canonical_bytes
 from domain.commands import (
     AbortHandoff,
     AcceptHandoff,
@@ -100,8 +100,15 @@ def envelope_epoch(state: RunState, submission: Submission, bodies: list[Event])
     return state.epoch
 
 
-def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
-    """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``."""
+def decide(  # noqa: C901, PLR0911, PLR0912
+    state: RunState, submission: Submission, now: int, encoded: list[bytes | None] | None = None
+) -> list[Event]:
+    """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``.
+
+    ``encoded``, when given, receives the canonical bytes (no newline) of the first events returned,
+    as far as deciding wrote them anyway (an intent's context is written for its digest), for
+    ``chain.seal_stored`` to splice in rather than write again.
+    """
     _check_ids(submission)
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
@@ -121,7 +128,7 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if isinstance(command, RecordIntent):
         if command.kind == "effect":
             authority.require_authority(state, submission.worker, command.context, now)
-        return [_intent(state, command)]
+        return [_intent(state, command, encoded)]
     if isinstance(command, RecordObservation):
         return [_observation(state, command)]
     if isinstance(command, ReconcileIntent):
@@ -415,19 +422,19 @@ def _charged(state: RunState, charge: Usage) -> Usage:
     return charge
 
 
-def _inline_size(value: Any, what: str) -> int:
-    """The payload's canonical size as stored inside an event (ints as numbers, no newline)."""
+def _inline_text(value: Any, what: str) -> bytes:
+    """The payload's canonical text as stored inside an event (ints as numbers, no newline)."""
     try:
-        size = len(canonical_bytes(value, opaque=True)) - 1
+        text = canonical_bytes(value, opaque=True)[:-1]
     except (TypeError, ValueError) as exc:
         raise errors.Malformed(f"{what}: {exc}") from None
-    if size > MAX_INLINE_BYTES:
-        msg = f"{what} is {size} bytes inline; the limit is {MAX_INLINE_BYTES}: store it as a blob"
+    if len(text) > MAX_INLINE_BYTES:
+        msg = f"{what} is {len(text)} bytes inline; the limit is {MAX_INLINE_BYTES}: store it as a blob"
         raise errors.PayloadTooLarge(msg)
-    return size
+    return text
 
 
-def _intent(state: RunState, command: RecordIntent) -> IntentRecorded:
+def _intent(state: RunState, command: RecordIntent, encoded: list[bytes | None] | None) -> IntentRecorded:
     if command.op_id in _intended(state):
         raise errors.DuplicateOperation(f"operation {command.op_id!r} already has an intent")
     if command.kind == "effect":
@@ -435,17 +442,18 @@ def _intent(state: RunState, command: RecordIntent) -> IntentRecorded:
         if older:
             msg = f"uncertain intents from an earlier epoch must be reconciled first: {older}"
             raise errors.UncertainIntent(msg)
-    size = _inline_size(command.context.arguments, "arguments")
-    charge = _charged(state, Usage(calls=1, argument_bytes=size))
-    return IntentRecorded(
-        command.op_id,
-        command.kind,
-        command.tool_contract,
-        command.context,
-        context_digest(command.context),
-        command.idempotency_key,
-        charge,
+    context = command.context
+    arguments = _inline_text(context.arguments, "arguments")
+    charge = _charged(state, Usage(calls=1, argument_bytes=len(arguments)))
+    # The context is written once: for its digest, and (through ``encoded``) inside the event.
+    text = struct_canonical_bytes(context, given=("arguments", arguments))
+    digest = context_digest(context) if text is None else digest_of(CONTEXT_PREFIX, text + b"\n")
+    body = IntentRecorded(
+        command.op_id, command.kind, command.tool_contract, context, digest, command.idempotency_key, charge
     )
+    if encoded is not None and text is not None:
+        encoded.append(struct_canonical_bytes(body, given=("context", text)))
+    return body
 
 
 def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, reported: Usage) -> Usage:
@@ -457,7 +465,7 @@ def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, re
     reported.validate()
     if reported.calls or reported.argument_bytes or reported.iterations or reported.stages:
         raise errors.Malformed("an outcome may report only fuel, cost_micros and result_bytes")
-    inline = _inline_size(result, "result") if result is not None else 0
+    inline = len(_inline_text(result, "result")) if result is not None else 0
     carried = inline + (result_ref.size if result_ref is not None else 0)
     result_bytes = max(carried, reported.result_bytes)
     return _charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))

@@ -301,8 +301,9 @@ class RunLedger(Application[str]):
         try:
             for submission in batch:
                 state = states[submission.run_id]
+                encoded: list[bytes | None] = []
                 try:
-                    bodies = decide(state, submission, now)
+                    bodies = decide(state, submission, now, encoded)
                 except errors.Rejection as rejection:
                     self._roll_back(before, pending)  # earlier submissions of the batch were applied in place
                     if all_or_nothing or not refresh:
@@ -310,7 +311,7 @@ class RunLedger(Application[str]):
                     return [self._after_rejection(submission, rejection)]
                 epoch = envelope_epoch(state, submission, bodies)
                 for recorded, stored in seal_stored(
-                    state.run_id, state.version, state.head_digest, submission, epoch, bodies, now
+                    state.run_id, state.version, state.head_digest, submission, epoch, bodies, now, encoded
                 ):
                     apply(state, recorded)
                     pending.append(StoredRunEvent(recorded, stored))

@@ -1,0 +1,80 @@
+"""What ``decide`` writes once and hands on must be exactly what would have been written again.
+
+An intent's context is written for its digest and spliced into the event (``struct_canonical_bytes``
+with ``given``); charges of integers are remembered by their plain text. Both are shortcuts of the
+canonical form, so each is pinned here to the definition, odd values included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain.budgets import Usage
+from domain.canonical import _reference_bytes, canonical_bytes, struct_canonical_bytes
+from domain.chain import seal_stored
+from domain.commands import RecordIntent
+from domain.decide import decide
+from domain.events import IntentContext
+
+from .given import given as history
+from .test_canonical_differential import JSON, Number, outcome
+
+ARGUMENTS = st.one_of(
+    st.dictionaries(st.text(max_size=4), JSON, max_size=3),
+    st.just({"limit": 10, "query": 'weather in "paris"\n'}),
+    st.just({"nested": (1, [True, None])}),  # a tuple: written as a list
+    st.just({"set": frozenset({"b", "a"})}),  # not plain: the reference path writes it
+)
+CONTEXTS = st.builds(
+    IntentContext,
+    turn=st.integers(0, 2**70),
+    operation=st.text(max_size=6),
+    authorization=st.sampled_from(["", "grant:g-1"]),
+    state_digest=st.text(max_size=3),
+    arguments=ARGUMENTS,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(CONTEXTS, st.text(min_size=1, max_size=5))
+def test_an_intent_handed_on_encodes_and_seals_as_the_definition(context: IntentContext, op_id: str) -> None:
+    """Given a leased run, when an intent is decided with ``encoded``, then the same events, the
+    handed-on bytes are the body's canonical bytes, and sealing with them gives the same envelopes."""
+    run = history().opened().leased()
+    submission = run.submission(RecordIntent(op_id, "pure", "tools.search@1", context, "key-1"))
+    encoded: list[bytes | None] = []
+    bodies = decide(run.state, submission, run.now, encoded)
+
+    assert bodies == decide(run.state, submission, run.now)
+    assert encoded == [canonical_bytes(bodies[0])[:-1]]
+    args = (run.state.run_id, run.state.version, run.state.head_digest, submission, run.state.epoch, bodies, run.now)
+    assert seal_stored(*args, encoded) == seal_stored(*args)
+
+
+def test_a_field_that_is_not_there_leaves_the_caller_to_its_definition() -> None:
+    """Given text for a field the class does not have, when encoded, then None (never a guess)."""
+    context = IntentContext(turn=1, operation="search")
+    assert struct_canonical_bytes(context, given=("no_such_field", b'"x"')) is None
+    assert struct_canonical_bytes(context, given=("arguments", b"{}")) == canonical_bytes(context)[:-1]
+
+
+# Values that equal a remembered integer (``True == 1``, ``Number.ONE == 1``, ``1.0 == 1``) or
+# write as a similar text; each must still be written as the reference writes it.
+ODD = st.one_of(
+    st.booleans(),
+    st.sampled_from([Number.ONE, 1.0, -0.0, "1", None, 2**64]),
+    st.integers(-2, 2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 2), ODD), min_size=1, max_size=6))
+def test_remembered_charges_are_written_as_the_reference(pairs: list[tuple[int, Any]]) -> None:
+    """Given a charge of exact ints (remembered) and then a look-alike holding an odd value, when each
+    is encoded, then each gives the reference's bytes or error."""
+    for number, odd in pairs:
+        for usage in (Usage(calls=number, fuel=number), Usage(calls=odd, fuel=number)):
+            assert outcome(canonical_bytes, usage, False) == outcome(_reference_bytes, usage, False)
