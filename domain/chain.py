@@ -68,7 +68,7 @@ def hashed_part(stored: bytes) -> tuple[bytes, bytes] | None:
 
 def envelope_bytes(event: RecordedEvent) -> bytes:
     """The bytes an envelope's digest covers, by the definition: the canonical bytes of every field but ``digest``."""
-    builtins = msgspec.to_builtins(event)
+    builtins = msgspec.to_builtins(event, order="deterministic")  # sets sorted, as ``canonical_bytes`` writes them
     del builtins["digest"]
     return canonical_bytes(builtins)
 

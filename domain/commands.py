@@ -1,7 +1,8 @@
 """What a worker asks for: the wire schema of a submission.
 
 One JSON object per submission, the same on stdin (``baton submit``), NATS and Kafka. Unknown
-keys are rejected so that a typo never silently drops a field.
+keys are rejected so that a typo never silently drops a field. Commands and submissions are
+values, untracked by the cycle collector (``gc=False``), as events are (see ``domain.events``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 
-class _Command(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
+class _Command(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, gc=False):
     pass
 
 
@@ -276,7 +277,7 @@ Command = (
 )
 
 
-class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """A command plus who sends it, under which epoch, with an id that makes retries safe."""
 
     submission_id: str

@@ -130,7 +130,7 @@ def sealed_by_definition(head: int, submission: Submission, bodies: list[Any]) -
     sealed, prev = [], "sha256:" + "0" * 64
     for offset, body in enumerate(bodies, start=1):
         draft = RecordedEvent("run-é", head + offset, 3, submission.worker, submission.submission_id, 7, prev, body)
-        builtins = msgspec.to_builtins(draft)
+        builtins = msgspec.to_builtins(draft, order="deterministic")  # sets sorted, as the canonical form says
         del builtins["digest"]
         sealed.append(msgspec.structs.replace(draft, digest=envelope_digest(builtins)))
         prev = sealed[-1].digest
