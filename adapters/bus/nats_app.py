@@ -28,6 +28,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from adapters.bus.lifecycle import BusLifecycle
 from adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
+from adapters.bus.nats_frames import hpub_block, plain, writable, write
 from adapters.bus.relay import EventRelay, encode_event, event_message_id
 from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
 from adapters.bus.service import Ledger, SubmissionService
@@ -225,6 +226,13 @@ async def _ensure_stream(js: Any, name: str, subjects: str) -> None:
     await js.stream_info(name)
 
 
+# ``_JetStreamSink._headers`` as a header block, for frames (tests/unit/test_bus_nats_frames.py compares them)
+_EVENT_HEADERS = (
+    b"NATS/1.0\r\nNats-Msg-Id: %b:%d\r\nNats-Expected-Last-Sequence: %d\r\n"
+    b"Baton-Notification-Id: %d\r\nBaton-Run-Id: %b\r\nBaton-Position: %d\r\n\r\n"
+)
+
+
 class _JetStreamSink:
     """The events stream is its own tracking position: its last message names the last event relayed.
 
@@ -268,10 +276,11 @@ class _JetStreamSink:
         """
         nc = self.bus.broker.connection
         *earlier, (last_id, last) = events
-        for i, (notification_id, event) in enumerate(earlier):
-            await nc.publish(
-                events_subject(event.run_id), encode_event(event), headers=self._headers(i, notification_id, event)
-            )
+        if earlier and not await self._write(nc, earlier):
+            for i, (notification_id, event) in enumerate(earlier):
+                await nc.publish(
+                    events_subject(event.run_id), encode_event(event), headers=self._headers(i, notification_id, event)
+                )
         try:
             ack = await self._jetstream().publish(
                 events_subject(last.run_id),
@@ -294,6 +303,24 @@ class _JetStreamSink:
             return False
         self._last_seq = ack.seq
         self._refusals = 0
+        return True
+
+    async def _write(self, nc: Any, events: list[tuple[int, RecordedEvent]]) -> bool:
+        """The page's messages as frames in one write (``nats_frames``); False, nothing written, when
+        ``publish`` must send them instead (it raises what it raises for such a message)."""
+        if not writable(nc):
+            return False
+        limit = nc.max_payload
+        frames, size = [], 0
+        for i, (notification_id, event) in enumerate(events):
+            payload = encode_event(event)
+            if len(payload) > limit or not plain(event.run_id):
+                return False
+            run = event.run_id.encode()
+            block = _EVENT_HEADERS % (run, event.position, self._last_seq + i, notification_id, run, event.position)
+            frames.append(hpub_block(events_subject(event.run_id), block, payload))
+            size += len(payload)
+        await write(nc, frames, size)
         return True
 
     def _headers(self, offset: int, notification_id: int, event: RecordedEvent) -> dict[str, str]:

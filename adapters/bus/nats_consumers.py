@@ -29,6 +29,7 @@ from nats.errors import ConnectionClosedError
 from nats.js import api as js_api
 from nats.js.errors import ServiceUnavailableError
 
+from adapters.bus.nats_frames import pub, writable, write, write_now
 from adapters.bus.service import SubmissionService
 from adapters.wire import encode_verdict
 from domain.commands import Verdict
@@ -113,17 +114,62 @@ class Responder:
         except Exception:  # the service answers bad input itself; this is a lost connection or a bug
             log.exception("request-reply: no verdict sent for a message on %s", msg.subject)
 
+    def answer_now(self, answers: list[tuple[Any, Verdict]]) -> bool:
+        """The verdicts of a batch to the socket from the callback that got them (``SubmissionService``):
+        False, nothing sent, when ``answer`` must send them instead.
+
+        No task and no turn of the event loop until nats-py's flusher runs: while the ledger thread
+        decides the next batch, each turn can wait for the GIL (up to the 5 ms switch interval).
+        Reply subjects come from the server's MSG line, which never holds whitespace.
+        """
+        nc = self.nc
+        limit = nc.max_payload
+        frames, size = [], 0
+        for reply, verdict in answers:
+            if reply:
+                data = encode_verdict(verdict)
+                if len(data) > limit:
+                    return False
+                frames.append(pub(reply, data))
+                size += len(data)
+        try:
+            if frames and not write_now(nc, frames, size):
+                return False
+        except Exception:
+            log.exception("request-reply: %d verdicts not sent", len(frames))
+        self._release(len(answers))
+        return True
+
     async def answer(self, answers: list[tuple[Any, Verdict]]) -> None:
         """Publish the verdicts of a batch (``SubmissionService`` calls this; each token is a reply subject)."""
         try:
-            publish = self.nc.publish
+            nc = self.nc
             lost = 0
-            for reply, verdict in answers:
-                if reply:
+            slow: list[tuple[str, bytes]] = []
+            if writable(nc):  # one write for the batch (nats_frames); reply subjects come from the
+                # server's MSG line, which never holds whitespace
+                limit = nc.max_payload
+                frames, size = [], 0
+                for reply, verdict in answers:
+                    if reply:
+                        data = encode_verdict(verdict)
+                        if len(data) > limit:
+                            slow.append((reply, data))
+                        else:
+                            frames.append(pub(reply, data))
+                            size += len(data)
+                if frames:
                     try:
-                        await publish(reply, encode_verdict(verdict))
-                    except Exception:  # one lost reply must not cost the rest of the batch theirs
-                        lost += 1
+                        await write(nc, frames, size)
+                    except Exception:
+                        lost += len(frames)
+            else:
+                slow = [(reply, encode_verdict(verdict)) for reply, verdict in answers if reply]
+            for reply, data in slow:
+                try:
+                    await nc.publish(reply, data)
+                except Exception:  # one lost reply must not cost the rest of the batch theirs
+                    lost += 1
             if lost:
                 log.error("request-reply: %d of %d verdicts not sent", lost, len(answers))
         finally:

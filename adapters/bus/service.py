@@ -53,6 +53,9 @@ class Answers(Protocol):
 
     async def answer(self, answers: list[tuple[Any, Verdict]]) -> None: ...
 
+    # Optional: ``answer_now(answers) -> bool`` answers at once, from the event loop's callback that
+    # got the batch (no task); False means it sent nothing and ``answer`` is awaited instead.
+
     def abandon(self, tokens: list[Any], exc: BaseException) -> None:
         """The batch failed without verdicts (a bug, or the service stopping)."""
         ...
@@ -208,8 +211,16 @@ class SubmissionService:
                 return
 
     def _delivered(self, batch: list[_Job], verdicts: list[Verdict]) -> None:
-        """In the event loop: the verdicts of one batch."""
+        """In the event loop: the verdicts of one batch, answered here when their destination can."""
         self.committed.set()
+        first = batch[0][1]
+        answer_now = getattr(first, "answer_now", None)
+        if answer_now is not None and all(answers is first for _, answers, _ in batch):
+            try:
+                if answer_now([(token, v) for (_, _, token), v in zip(batch, verdicts, strict=True)]):
+                    return
+            except Exception:  # a bug: the task below tries the same verdicts the awaited way
+                log.exception("verdicts of %d submissions not answered at once", len(batch))
         task = asyncio.ensure_future(_deliver(batch, verdicts))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)

@@ -34,7 +34,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
 from adapters.bootstrap import open_ledger
-from adapters.bus import NatsBus, NatsOptions
+from adapters.bus import NatsBus, NatsOptions, nats_app, nats_consumers
 from adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
 from adapters.eventstore import RunLedger
 from adapters.local_servers import LocalNats
@@ -90,6 +90,31 @@ def test_request_reply_answers_accepted_then_duplicate_at_the_same_position(bus_
             assert (first.verdict, first.position) == ("accepted", 1)
             assert (again.verdict, again.position, again.submission_id) == ("duplicate", 1, "open-r1")
             assert event_count(ledger, "r1") == 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("path", ["queued frames", "publish"])
+def test_verdicts_not_written_at_once_still_reach_their_requesters_and_the_stream(
+    bus_store_url: str, nats_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the frame writes unavailable (no TCP socket, or no private nats-py calls), then replies and
+    relayed events go the slower ways and arrive the same."""
+    monkeypatch.setattr(nats_consumers, "write_now", lambda nc, frames, size: False)
+    if path == "publish":
+        monkeypatch.setattr(nats_consumers, "writable", lambda nc: False)
+        monkeypatch.setattr(nats_app, "writable", lambda nc: False)
+
+    async def scenario() -> None:
+        async with serving(bus_store_url, nats_url) as (_, ledger), client(nats_url) as nc:
+            verdicts = await asyncio.gather(*(request(nc, open_run(f"r{i}")) for i in range(5)))
+            assert [(v.verdict, v.run_id) for v in verdicts] == [("accepted", f"r{i}") for i in range(5)]
+
+            async def relayed() -> bool:
+                return len(await stream_events(nc)) >= 5
+
+            await eventually(relayed, what="the relay to publish the five events")
+            assert [e for _, e in await stream_events(nc)] == [e for _, e in ledger.all_events()]
 
     run(scenario())
 

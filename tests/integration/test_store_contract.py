@@ -508,3 +508,25 @@ def test_an_interrupt_in_the_middle_of_a_batch_leaves_no_phantom_state(
     assert store.event_count(RUN) == 2
     assert ledger.state(RUN).version == 2
     assert worker.submit(intent("op-1")).position == 3  # neither the position nor the op id is taken
+
+
+def test_a_failed_batch_puts_back_the_operations_it_settled_and_added(
+    ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given op-1 open, when a batch intending op-2 and observing op-1 fails before commit, then the ledger
+    shows op-1 still open and no op-2 (the undo point shares the open operations until the observation),
+    and the same batch is accepted afterwards."""
+    ledger = ledgers()
+    worker = leased_run(ledger)
+    assert worker.submit(intent("op-1")).position == 3
+    observed = RecordObservation("op-1", context_digest(intent("op-1").context), "ok")
+    batch = [worker.submission(intent("op-2")), worker.submission(observed)]
+    fail_next_append(monkeypatch, ledger)
+
+    with pytest.raises(StoreUnavailable):
+        ledger.submit_many(batch)
+
+    state = ledger.state(RUN)
+    assert (state.version, sorted(state.operations)) == (3, ["op-1"])
+    assert accepted_positions(ledger.submit_many(batch)) == [4, 5]
+    assert sorted(ledger.state(RUN).operations) == ["op-2"]

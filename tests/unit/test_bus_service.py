@@ -147,3 +147,50 @@ def test_stop_abandons_what_was_never_taken_and_finishes_the_batch_in_the_store(
     assert ledger.batches == [["s0"]]
     assert [[token for token, _ in call] for call in answers.calls] == [["t0"]]
     assert answers.abandoned == ["t1"]
+
+
+class AtOnce(Recorder):
+    """An ``Answers`` that can answer from the event loop's callback, or decline (``ready`` off)."""
+
+    def __init__(self, *, ready: bool) -> None:
+        super().__init__()
+        self.ready = ready
+        self.at_once: list[list[tuple[Any, Verdict]]] = []
+
+    def answer_now(self, answers: list[tuple[Any, Verdict]]) -> bool:
+        if self.ready:
+            self.at_once.append(answers)
+            self.done.set()
+        return self.ready
+
+
+def test_a_destination_that_answers_at_once_gets_the_batch_without_an_awaited_answer() -> None:
+    """Given ``answer_now`` that accepts, then a batch's verdicts go there once and ``answer`` is never awaited."""
+    ledger, answers = FakeLedger(), AtOnce(ready=True)
+
+    async def scenario() -> None:
+        service = SubmissionService(ledger)
+        await service.start()
+        service.enqueue(release("s1"), answers, "t1")
+        await answers.done.wait()
+        await service.stop()
+
+    run(scenario())
+    assert [[(token, v.verdict) for token, v in call] for call in answers.at_once] == [[("t1", "accepted")]]
+    assert answers.calls == []
+
+
+def test_a_destination_that_declines_to_answer_at_once_is_answered_the_awaited_way() -> None:
+    """Given ``answer_now`` that declines (it sent nothing), then the same verdicts come through ``answer``."""
+    ledger, answers = FakeLedger(), AtOnce(ready=False)
+
+    async def scenario() -> None:
+        service = SubmissionService(ledger)
+        await service.start()
+        service.enqueue(release("s1"), answers, "t1")
+        await answers.done.wait()
+        await service.stop()
+
+    run(scenario())
+    assert answers.at_once == []
+    assert [[(token, v.verdict) for token, v in call] for call in answers.calls] == [[("t1", "accepted")]]
