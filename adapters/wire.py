@@ -12,7 +12,7 @@ import msgspec
 
 from domain import errors
 from domain.commands import Submission, Verdict
-from domain.credentials import find_credential
+from domain.credentials import find_credential, may_hold_credential
 
 __all__ = [
     "MAX_SUBMISSION_BYTES",
@@ -40,7 +40,8 @@ def decode_submission(raw: bytes) -> Submission | Verdict:
         submission = _submission.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return _malformed(raw, str(exc))
-    found = find_credential(msgspec.to_builtins(submission))
+    text = _json.encode(submission)  # a Struct's JSON text is its builtins' text: their builtins only when unsure
+    found = find_credential(msgspec.to_builtins(submission), encoded=text) if may_hold_credential(text) else None
     if found is not None:  # authority travels by reference: the secret is never stored, nor echoed
         message = f"the submission carries {found}; pass a capability reference instead"
         return rejection(submission.submission_id, submission.run_id, errors.CredentialInPayload.reason, message)
