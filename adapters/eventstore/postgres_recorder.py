@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import msgspec
 import psycopg
 from eventsourcing.persistence import (
     DatabaseError,
@@ -54,20 +55,21 @@ MAX_POSITION = 2**63 - 1
 __all__ = ["FencedPostgresRecorder"]
 
 _FENCE_SQLSTATE = "23F01"
-_FENCE_FIELDS = (
-    "run_id",
-    "expected_head",
-    "expected_head_digest",
-    "expected_epoch",
-    "expected_holder",
-    "new_head",
-    "new_head_digest",
-    "new_epoch",
-    "new_holder",
-    "new_expires_at",
-    "stage",
-    "status",
-)
+_FENCE_TYPES = {
+    "run_id": "text",
+    "expected_head": "bigint",
+    "expected_head_digest": "text",
+    "expected_epoch": "bigint",
+    "expected_holder": "text",
+    "new_head": "bigint",
+    "new_head_digest": "text",
+    "new_epoch": "bigint",
+    "new_holder": "text",
+    "new_expires_at": "bigint",
+    "stage": "text",
+    "status": "text",
+}
+_FENCE_FIELDS = tuple(_FENCE_TYPES)  # ``Fence``'s fields, in the order of ``baton_fence``'s parameters
 
 _FENCE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_fence(
@@ -174,11 +176,28 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         # Every array goes in binary (%b), cast to the function's types: in text format psycopg quotes
         # each element with a regex and sends each envelope as hex (about half the CPU of a 1000-event
         # append; a batch spread over many runs has a fence per run). An all-NULL array dumps fine.
-        fences = "%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],"
-        fences += "%b::text[],%b::bigint[],%b::text[],%b::text[],"
-        rows = "%b::text[],%b::text[],%b::text[],%b::bigint[],%b::text[],%b::bigint[],%b::text[],%b::bytea[]"
+        # The rows go as three JSON texts (fences, submissions, event keys) and one binary bytea
+        # array (the envelopes), unpacked into the function's arrays by the server: psycopg dumps a
+        # Python list element by element, and twenty lists cost about 10 µs per submission of a
+        # batch (215 µs for 20 submissions on 20 runs, against 49 µs this way).
+        fence_columns = ", ".join(f"{name} {_FENCE_TYPES[name]}" for name in _FENCE_FIELDS)
+        arrays = [f"ARRAY(SELECT {name} FROM baton_f ORDER BY n)" for name in _FENCE_FIELDS]
+        arrays += [f"ARRAY(SELECT {name} FROM baton_s ORDER BY n)" for name in _SUBMISSION_COLUMNS]
+        arrays += [f"ARRAY(SELECT (v->>{i}){cast} FROM baton_e ORDER BY n)" for i, cast in enumerate(_EVENT_KEYS)]
         self.append_statement = (
-            SQL("SELECT * FROM {schema}.baton_append(" + fences + rows + ")").format(**fmt).as_string(None)
+            SQL(
+                "WITH baton_f AS (SELECT * FROM ROWS FROM (json_to_recordset(%s::json) AS ("
+                + fence_columns
+                + ")) WITH ORDINALITY AS f("
+                + ", ".join(_FENCE_FIELDS)
+                + ", n)), baton_s AS (SELECT * FROM ROWS FROM (json_to_recordset(%s::json) AS ("
+                "submission_id text, run_id text, content_digest text, position bigint)) WITH ORDINALITY "
+                "AS s(submission_id, run_id, content_digest, position, n)), "
+                "baton_e AS (SELECT * FROM json_array_elements(%s::json) WITH ORDINALITY AS e(v, n)) "
+                "SELECT * FROM {schema}.baton_append(" + ", ".join(arrays) + ", %b::bytea[])"
+            )
+            .format(**fmt)
+            .as_string(None)
         )
         # Positional parameters (see ``append_query``): psycopg reorders a dict on every execute.
         self.append_one_statement = (
@@ -441,18 +460,20 @@ class _Riding:
 
 def _append_params(
     fences: Sequence[Fence], submissions: Sequence[SubmissionRow], events: Sequence[StoredEvent]
-) -> tuple[list[Any], ...]:
+) -> tuple[Any, ...]:
+    """The parameters of ``append_statement``: fences and submissions as JSON objects (their fields),
+    each event's run, position and topic as a JSON array, the envelopes as they are."""
     return (
-        *([getattr(f, name) for f in fences] for name in _FENCE_FIELDS),
-        [s.submission_id for s in submissions],
-        [s.run_id for s in submissions],
-        [s.content_digest for s in submissions],
-        [s.position for s in submissions],
-        [str(e.originator_id) for e in events],
-        [e.originator_version for e in events],
-        [e.topic for e in events],
+        _json.encode(fences).decode(),  # text: psycopg would send bytes as bytea
+        _json.encode(submissions).decode(),
+        _json.encode([(str(e.originator_id), e.originator_version, e.topic) for e in events]).decode(),
         [e.state for e in events],
     )
+
+
+_json = msgspec.json.Encoder()
+_SUBMISSION_COLUMNS = ("submission_id", "run_id", "content_digest", "position")
+_EVENT_KEYS = ("", "::bigint", "")  # run, position, topic: the casts of ``v->>i``
 
 
 _LIBRARY_ERRORS: tuple[tuple[type[psycopg.Error], type[PersistenceError]], ...] = (
