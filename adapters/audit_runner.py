@@ -105,15 +105,19 @@ def _audit_range(
         report.events_checked += fold.events
 
     current: str | None = None  # the run of ``fold``
+    apply: Callable[[bytes], None] | None = None  # its ``apply_stored``
+    count = 0
     with contextlib.closing(stored_rows(ledger, run_id, key_range=key_range)) as stream:
-        for count, (originator_id, data) in enumerate(stream, start=1):
-            if originator_id != current or fold is None:
+        for originator_id, data in stream:
+            if originator_id != current or apply is None:
                 if fold is not None:
                     close(fold)
                 fold, current = AuditFold(originator_id), originator_id
+                apply = fold.apply_stored
                 seen.add(originator_id)
-            fold.apply_stored(data)
-            if progress is not None and count % _TICK == 0:
+            apply(data)
+            count += 1
+            if progress is not None and not count % _TICK:
                 progress(count)
     if fold is not None:
         close(fold)

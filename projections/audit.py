@@ -20,13 +20,15 @@ from the open intents and a few small maps (approvals and evidence per artifact)
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 
 from domain.canonical import ZERO_DIGEST, digest_of, schema_integer
-from domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest, hashed_part
+from domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest
+from domain.decide import CONTEXT_PREFIX
 from domain.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -54,15 +56,50 @@ from domain.events import (
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
-from projections.audit_digest import Unsupported, recorded_canonical
+from projections.audit_digest import DECODER, WRITE_ERRORS, Unsupported, stored_writer
 from projections.audit_state import CODES, AuditState, Problem, Rule
 
-__all__ = ["CODES", "RULES", "AuditFold", "AuditState", "Problem", "Rule", "audit_events", "audit_stored"]
+__all__ = [
+    "CODES",
+    "RULES",
+    "AuditFold",
+    "AuditState",
+    "Problem",
+    "Rule",
+    "audit_events",
+    "audit_stored",
+    "fenced_work",
+]
 
 ENVELOPE_RULES: tuple[Rule, ...] = (run.lifecycle,)
 
 # fenced work, which the holder may not do while a handoff is pending
 _WORK: tuple[Rule, ...] = (run.fenced, handoff.not_pending)
+
+_FENCED_WORK = (*ENVELOPE_RULES, *_WORK)
+
+
+def fenced_work(s: AuditState, e: RecordedEvent) -> None:
+    """``run.lifecycle``, ``run.fenced`` and ``handoff.not_pending`` in one rule (the fold puts it in
+    their place): for work by the live lease's holder at its epoch, before the lease's expiry, in an
+    opened run that has not ended, with no handoff pending (nearly every event), none of them reports
+    anything or changes the state; any other event gets the three rules themselves."""
+    lease = s.lease
+    if (
+        lease is not None
+        and lease.worker == e.worker
+        and lease.epoch == e.epoch
+        and e.recorded_at < lease.expires_at
+        and e.epoch >= s.epoch
+        and s.opened
+        and s.terminal is None
+        and s.pending is None
+    ):
+        return
+    run.lifecycle(s, e)
+    run.fenced(s, e)
+    handoff.not_pending(s, e)
+
 
 RULES: dict[type[Any], tuple[Rule, ...]] = {
     RunOpened: (run.opened,),
@@ -101,7 +138,11 @@ class _Item(NamedTuple):
 
 
 _generic = msgspec.json.Decoder()
-_typed = msgspec.json.Decoder(RecordedEvent, strict=False)  # the stored form writes integers as decimal strings
+_WRITERS: dict[bool, dict[type[Any], Any]] = {True: {}, False: {}}  # stored_writer's, by plain strings and body type
+_NOT_WRITTEN = (msgspec.DecodeError, Unsupported, *WRITE_ERRORS)
+_decode = DECODER.decode  # typed, lenient (integers are stored as decimal strings), no floats
+_EVENT_HASH = hashlib.sha256(EVENT_PREFIX)  # copied per event: cheaper than a new one and the prefix again
+_CONTEXT_HASH = hashlib.sha256(CONTEXT_PREFIX)
 
 
 def _canonical_digest(event: RecordedEvent) -> str:
@@ -143,38 +184,65 @@ class AuditFold:
         typed = self._verified(data)
         if typed is None:
             self._apply_by_reference(data)
-        elif typed.position == self.head + 1 and self._held is None and typed.run_id == self.state.run_id:
-            self._in_order(typed.position, typed.prev_digest, typed.digest, typed)  # _intake's common case
+            return
+        state = self.state
+        position = typed.position
+        if position == self.head + 1 and self._held is None and typed.run_id == state.run_id:
+            # _intake's common case, and _in_order's
+            if typed.prev_digest != self.head_digest and self.head_digest is not None:
+                detail = f"prev_digest {typed.prev_digest} is not position {self.head}'s digest"
+                state.report("broken_link", detail, position)
+            self.head, self.head_digest = position, typed.digest
+            state.position = position
+            chain = self._chains.get(type(typed.body)) or self._chain(type(typed.body))
+            for rule in chain:
+                rule(state, typed)
         else:
-            self._intake(_Item(typed.position, typed.prev_digest, typed.digest, typed), typed.digest)
+            self._intake(_Item(position, typed.prev_digest, typed.digest, typed), typed.digest)
 
     def _verified(self, data: bytes) -> RecordedEvent | None:
         """The fast path: the typed envelope of bytes in the stored form that prove themselves, else None.
 
         The bytes are decoded once, typed, for the rules; a writer generated per event type
-        (``projections.audit_digest``, pinned to the definition) writes that event's canonical bytes
-        from its fields, which must equal the stored hashed bytes (``domain.chain.hashed_part``)
-        byte for byte and give the stored digest. So the stored bytes are exactly the canonical
-        bytes of the event every reader decodes from them: a digest alone would prove only that
-        they are what was hashed. Anything else (an older store's JSON, an export line, a digest
-        or a spelling that does not hold, bytes that do not decode) goes the reference way, which
-        also words the problems.
+        (``projections.audit_digest.stored_writer``, pinned to the definition) writes that event's
+        stored form from its fields: its canonical bytes with its ``digest`` as a last member
+        (``domain.chain.stored_form``). The stored bytes must equal it byte for byte, and the digest
+        must be the digest of the canonical bytes, which are then the stored bytes up to that last
+        member. So the stored bytes are exactly the canonical bytes of the event every reader decodes
+        from them: a digest alone would prove only that they are what was hashed. Anything else (an
+        older store's JSON, an export line, a digest or a spelling that does not hold, bytes that do
+        not decode) goes the reference way, which also words the problems.
         """
-        split = hashed_part(data)
-        if split is None:
-            return None
         try:
-            typed = _typed.decode(data)
-            canonical, quoted = recorded_canonical(typed, plain_strings=data.find(b"\\") < 0)
-        except (msgspec.DecodeError, Unsupported):
+            typed = _decode(data)
+            kind = type(typed.body)
+            plain = b"\\" not in data  # no string needs escaping: the plain writers apply
+            write = _WRITERS[plain].get(kind)
+            if write is None:
+                write = _WRITERS[plain][kind] = stored_writer(kind, plain_strings=plain)
+            if kind is IntentRecorded:
+                text, context = write(typed)
+            else:
+                text, context = write(typed), None
+        except _NOT_WRITTEN:
             return None
-        hashed, claimed = split
-        if canonical != hashed or typed.digest.encode() != claimed:
+        if text.encode() != data:
             return None
-        if digest_of(EVENT_PREFIX, canonical).encode() != claimed:
+        digest = typed.digest
+        # ``data`` is the stored form of the canonical bytes and ``digest``: without its last member
+        # (``,"digest":"<digest>"}``) and with the canonical ``}\n``, the canonical bytes. A digest
+        # other than ``sha256:`` and hex digits matches no computed one, so ``len`` counts its bytes.
+        sha = _EVENT_HASH.copy()
+        sha.update(data[: len(data) - len(digest) - 13])
+        sha.update(b"}\n")
+        if "sha256:" + sha.hexdigest() != digest:
             return None
-        if quoted is not None and quoted == typed.body.context_digest:  # type: ignore[union-attr]  # an intent
-            self.state.context_checked = typed.body.context  # type: ignore[union-attr]  # ``intent`` need not redo it
+        if context is not None:  # an intent: the digest of its context, over the text just compared
+            body: IntentRecorded = typed.body  # type: ignore[assignment]
+            sha = _CONTEXT_HASH.copy()
+            sha.update(context.encode() + b"\n")
+            if "sha256:" + sha.hexdigest() == body.context_digest:
+                self.state.context_checked = body.context  # ``intent`` need not redo it
         return typed
 
     def _apply_by_reference(self, data: bytes) -> None:
@@ -256,12 +324,17 @@ class AuditFold:
             return
         state = self.state
         state.position = event.position
-        kind = type(event.body)
-        chain = self._chains.get(kind)
-        if chain is None:
-            chain = self._chains[kind] = (*ENVELOPE_RULES, *self._rules.get(kind, ()))
+        chain = self._chains.get(type(event.body)) or self._chain(type(event.body))
         for rule in chain:
             rule(state, event)
+
+    def _chain(self, kind: type[Any]) -> tuple[Rule, ...]:
+        """``ENVELOPE_RULES``, then the body type's rules, with the usual fenced prefix in one call."""
+        chain = (*ENVELOPE_RULES, *self._rules.get(kind, ()))
+        if chain[:3] == _FENCED_WORK:
+            chain = (fenced_work, *chain[3:])
+        self._chains[kind] = chain
+        return chain
 
     def finish(self, anchor: tuple[int, str] | None = None, *, anchored: bool = False) -> list[Problem]:
         """The problems, by position; ``anchor`` is the run row's (head, head_digest) when there is one.

@@ -19,9 +19,12 @@ escaping). They also remember the text of a record of counters (``Usage``) by it
 repeat.
 
 ``AuditFold.apply_stored`` takes this path for an envelope in the stored form and trusts it only
-where it proves itself: the written bytes must equal the stored hashed bytes byte for byte (so the
-stored bytes are the canonical bytes of the event every reader decodes from them) and give the
-stored digest; anything else goes through the reference path. Whatever this module cannot mirror
+where it proves itself: it decodes the bytes with ``DECODER`` (which refuses floats, so a payload it
+decodes needs no walk before the sorted encoder writes it), ``stored_writer`` writes the whole
+stored form (the canonical bytes with the digest as a last member), which must equal the stored
+bytes byte for byte (so they are the canonical bytes of the event every reader decodes from them,
+plus its digest), and the digest must be that of the canonical bytes; anything else goes through
+the reference path. Whatever this module cannot mirror
 exactly (a float, a subclass, a field type it does not know) raises ``Unsupported``, or hands that
 one field to the reference encoder; it never guesses.
 ``tests/unit/projections/test_audit_digest.py`` pins it to the reference byte for byte.
@@ -38,9 +41,17 @@ from msgspec import inspect
 from domain.canonical import OPAQUE_KEYS, canonical_value, digest_of, is_plain_opaque
 from domain.chain import EVENT_PREFIX
 from domain.decide import CONTEXT_PREFIX
-from domain.events import IntentRecorded, RecordedEvent
+from domain.events import IntentContext, IntentRecorded, RecordedEvent
 
-__all__ = ["Unsupported", "canonical_struct_bytes", "recorded_canonical", "recorded_digest"]
+__all__ = [
+    "DECODER",
+    "WRITE_ERRORS",
+    "Unsupported",
+    "canonical_struct_bytes",
+    "recorded_canonical",
+    "recorded_digest",
+    "stored_writer",
+]
 
 
 class Unsupported(Exception):
@@ -59,6 +70,24 @@ def _opaque(value: Any) -> str:
     if type(value) not in _OPAQUE_LEAVES and not is_plain_opaque(value):
         raise Unsupported  # a float above all: the reference refuses it
     return _sorted(value).decode()
+
+
+def _decoded_opaque(value: Any) -> str:
+    """An opaque payload decoded by ``DECODER``: JSON without floats is exact builtins with string keys."""
+    return _sorted(value).decode()
+
+
+def _no_float(literal: str) -> Any:
+    raise Unsupported(f"a float ({literal}): the reference refuses it")
+
+
+DECODER = msgspec.json.Decoder(RecordedEvent, strict=False, float_hook=_no_float)
+"""The typed decode of stored envelopes that the *plain* writers take (``recorded_canonical``,
+``stored_writer``): lenient, as the stored form writes schema integers as decimal strings, and
+raising ``Unsupported`` for a float anywhere a payload is untyped (the only place one can decode as
+a float), so an opaque payload it decodes holds exact builtins and string keys only: what
+``domain.canonical.is_plain_opaque`` asks, without walking it again. (A float in an integer field
+decodes leniently as an int, and is then written otherwise than it was stored.)"""
 
 
 def _json(value: Any) -> str:
@@ -81,16 +110,19 @@ _Pieces = list[tuple[bool, str]]
 class _Writers:
     """The generated writers of one mode (plain strings or escaped), by Struct type."""
 
-    def __init__(self, plain: bool) -> None:
-        self.plain = plain
+    def __init__(self, plain: bool, *, decoded: bool = False) -> None:
+        self.plain = plain  # strings between quotes as they are (see the module's docstring)
+        self.decoded = decoded  # only for envelopes decoded by ``DECODER``: no opaque payload is re-checked
         self.whole: dict[type, Callable[[Any], str]] = {}
         self.compiling: set[type] = set()
         self.namespace: dict[str, Any] = {
-            "_opaque": _opaque,
+            "_opaque": _decoded_opaque if decoded else _opaque,
             "_json": _json,
             "_reference": _reference,
             "_int_or_none": _int_or_none,
             "_BOOLS": ("false", "true"),
+            "_Q": '"',
+            "_sorted": _sorted,
             "_struct": self.struct,
             "_struct_or_none": self.struct_or_none,
             "_structs": self.structs,
@@ -116,9 +148,17 @@ class _Writers:
             write = self.whole[cls] = self.function("value", pieces)
         return write
 
-    def function(self, params: str, pieces: _Pieces, prelude: str = "") -> Any:
-        """One straight-line function returning one f-string (the fastest way CPython joins text)."""
+    def function(self, params: str, pieces: _Pieces, prelude: str = "", also: str = "") -> Any:
+        """One straight-line function returning one f-string (the fastest way CPython joins text).
+
+        ``also``: more values returned after it (then the function returns a tuple)."""
+        source = f"def write({params}):\n{prelude}    return {self.expression(pieces)}{also}\n"
         namespace = dict(self.namespace)
+        exec(source, namespace)  # built from this module's pieces and the classes' field names
+        return namespace["write"]
+
+    def expression(self, pieces: _Pieces) -> str:
+        """The f-string of the pieces (literal text it cannot hold goes into the namespace as a constant)."""
         parts = []
         for is_expr, text in pieces:
             if is_expr:
@@ -126,11 +166,9 @@ class _Writers:
             elif all(" " <= char <= "~" and char not in "\\'" for char in text):
                 parts.append(text.replace("{", "{{").replace("}", "}}"))
             else:  # text an f-string literal cannot hold as it is: a constant
-                namespace[name := f"_text{len(namespace)}"] = text
+                self.namespace[name := f"_text{len(self.namespace)}"] = text
                 parts.append("{" + name + "}")
-        source = f"def write({params}):\n{prelude}    return f'{''.join(parts)}'\n"
-        exec(source, namespace)  # built from this module's pieces and the classes' field names
-        return namespace["write"]
+        return f"f'{''.join(parts)}'"
 
     def members(
         self, cls: type, ref: str, depth: int, drop: tuple[str, ...] = (), given: dict[str, _Pieces] | None = None
@@ -198,9 +236,11 @@ class _Writers:
     def slot(self, key: str, t: inspect.Type, expr: str, depth: int) -> _Pieces:  # noqa: PLR0911
         """A field's pieces."""
         if key in OPAQUE_KEYS:
-            return [(True, f"_opaque({expr})")]
+            return [(True, f"_sorted({expr}).decode()" if self.decoded else f"_opaque({expr})")]
         if (scalar := self.scalar(t, expr)) is not None:
             return scalar
+        if self.decoded and (inline := self.inline(t, expr)) is not None:
+            return [(True, inline)]
         if isinstance(t, inspect.StructType) and self.plain and _counters(t):
             return [(True, self.remembered(t.cls, expr))]
         if isinstance(t, inspect.StructType) and depth < _INLINE_DEPTH and t.cls not in self.compiling:
@@ -217,6 +257,24 @@ class _Writers:
         if isinstance(t, inspect.VarTupleType | inspect.ListType) and isinstance(t.item_type, inspect.StructType):
             return [(True, f"_structs({expr})")]
         return [(True, f"_reference({expr})")]
+
+    def inline(self, t: inspect.Type, expr: str) -> str | None:
+        """For a decoded envelope: an optional or empty field's usual value written without a call."""
+        members = t.types if isinstance(t, inspect.UnionType) else (t,)
+        rest = [m for m in members if not isinstance(m, inspect.NoneType)]
+        if len(rest) == len(members) - 1 == 1:  # optional
+            one = rest[0]
+            if isinstance(one, inspect.IntType):
+                return f'("null" if {expr} is None else _Q + str({expr}) + _Q)'
+            if self.plain and (
+                isinstance(one, inspect.StrType) or (isinstance(one, inspect.LiteralType) and _all_str(one.values))
+            ):
+                return f'("null" if {expr} is None else _Q + {expr} + _Q)'
+            if isinstance(one, inspect.StructType):
+                return f'("null" if {expr} is None else _struct({expr}))'
+        if isinstance(t, inspect.VarTupleType | inspect.ListType) and _verbatim(t):
+            return f'("[]" if not {expr} else _json({expr}))'  # decoded: a tuple or a list
+        return None
 
 
 def _all_str(values: Any) -> bool:
@@ -250,6 +308,7 @@ def _verbatim(t: inspect.Type) -> bool:
 
 
 _PLAIN, _ESCAPED = _Writers(plain=True), _Writers(plain=False)
+_DECODED = {plain: _Writers(plain, decoded=True) for plain in (True, False)}  # ``stored_writer``'s, by plain strings
 _dropping: dict[tuple[type, tuple[str, ...]], Callable[[Any], str]] = {}
 
 
@@ -309,6 +368,51 @@ def recorded_canonical(event: RecordedEvent, *, plain_strings: bool = False) -> 
         return write(event).encode(), None
     except _ERRORS as exc:
         raise Unsupported from exc
+
+
+# -- whole envelopes in the stored form: the canonical members, then the digest as a last member ----
+
+_StoredWriter = Callable[[RecordedEvent], Any]
+_stored_writers: dict[bool, dict[type, _StoredWriter]] = {True: {}, False: {}}  # by plain_strings, then body type
+
+
+def stored_writer(body: type, *, plain_strings: bool) -> _StoredWriter:
+    """``write(event)``: the text of the event's stored form (``domain.chain.stored_form`` of its canonical
+    bytes and its ``digest``); for an ``IntentRecorded``, ``(that text, its context's canonical text)``.
+
+    Only for an envelope decoded by ``DECODER`` (its opaque payloads are not checked again);
+    ``plain_strings`` as for ``recorded_canonical``. Raises ``Unsupported`` for a body type it cannot
+    mirror; the writer itself raises ``Unsupported`` or one of ``WRITE_ERRORS`` for a value it cannot.
+    """
+    write = _stored_writers[plain_strings].get(body)
+    if write is not None:
+        return write
+    writers = _DECODED[plain_strings]
+    intent = body is IntentRecorded
+    inner = writers.members(body, "body", 1, given={"context": [(True, "context")]} if intent else None)
+    if inner is None:
+        raise Unsupported
+    outer = writers.members(RecordedEvent, "value", 0, ("digest",), {"body": inner})
+    digest = writers.scalar(inspect.StrType(), "value.digest")
+    if outer is None or outer[-1] != (False, "}") or digest is None:
+        raise Unsupported
+    pieces: _Pieces = [*outer[:-1], (False, ',"digest":'), *digest, (False, "}")]
+    prelude = "    body = value.body\n"
+    if intent:  # the context's text, written once: the envelope holds it, and its digest is the intent's
+        context = writers.members(IntentContext, "c", 1)
+        if context is None:
+            raise Unsupported
+        writers.namespace["_IntentContext"] = IntentContext
+        prelude += "    if type(c := body.context) is _IntentContext:\n"
+        prelude += f"        context = {writers.expression(context)}\n"
+        prelude += "    else:\n        context = _struct(c)\n"
+    write = writers.function("value", pieces, prelude, ", context" if intent else "")
+    _stored_writers[plain_strings][body] = write
+    return write  # type: ignore[no-any-return]
+
+
+WRITE_ERRORS = _ERRORS
+"""What a generated writer may raise for a value it cannot write (besides ``Unsupported``)."""
 
 
 def recorded_digest(event: RecordedEvent) -> str:

@@ -31,6 +31,7 @@ from domain.events import (
 )
 from domain.stages import Stage
 from projections.audit import CODES, AuditFold, Problem, audit_events, audit_stored
+from projections.audit_state import AuditState, LeaseRecord, PendingHandoff
 
 from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, intent, placement, seconds
 from .histories import histories
@@ -326,7 +327,7 @@ def test_problems_are_capped_per_run() -> None:
 
 def test_extra_rules_plug_in_per_event_type() -> None:
     """Given a rule registered for a body type, when audited, then its problem is reported at that event."""
-    from projections.audit import RULES, AuditState
+    from projections.audit import RULES
 
     def no_pure(state: AuditState, event: RecordedEvent) -> None:
         body: Any = event.body
@@ -345,3 +346,56 @@ def test_every_code_is_documented() -> None:
     text = DOCS.read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE))
     assert documented == set(CODES)
+
+
+_EPOCHS = st.integers(0, 3)
+_LEASES = st.none() | st.builds(LeaseRecord, st.sampled_from([W1, W2]), _EPOCHS, st.integers(0, 3))
+_PENDING = st.none() | st.builds(
+    PendingHandoff, st.just("sha256:d"), st.sampled_from([W1, W2]), _EPOCHS, st.just(1), st.just("s")
+)
+
+
+@settings(max_examples=500, deadline=None)
+@hypothesis_given(
+    _LEASES,
+    _EPOCHS,
+    st.booleans(),
+    st.none() | st.just(1),
+    _PENDING,
+    st.sampled_from([W1, W2]),
+    _EPOCHS,
+    st.integers(0, 3),
+)
+def test_the_fenced_work_rule_is_the_three_rules_it_stands_for(
+    lease: Any, epoch: int, opened: bool, terminal: int | None, pending: Any, worker: str, at_epoch: int, now: int
+) -> None:
+    """Given any run state and any envelope of fenced work, when ``fenced_work`` checks it, then it reports
+    exactly what ``lifecycle``, ``fenced`` and ``not_pending`` report, in their order, and changes nothing else."""
+    from projections import audit_handoff, audit_rules
+    from projections.audit import fenced_work
+
+    states = []
+    for _ in range(2):
+        state = AuditState(RUN)
+        state.lease, state.epoch, state.opened, state.terminal, state.pending = lease, epoch, opened, terminal, pending
+        states.append(state)
+    event = RecordedEvent(RUN, 3, at_epoch, worker, "s", now, "sha256:p", RunCompleted())
+    fenced_work(states[0], event)
+    for rule in (audit_rules.lifecycle, audit_rules.fenced, audit_handoff.not_pending):
+        rule(states[1], event)
+    fused, separate = states
+    assert fused.problems == separate.problems
+    assert [getattr(fused, name) for name in AuditState.__slots__] == [
+        getattr(separate, name) for name in AuditState.__slots__
+    ]
+
+
+def test_the_fold_puts_fenced_work_in_place_of_the_usual_prefix_only() -> None:
+    """Given the default rules and rules with another prefix, then the fold fuses exactly the usual prefix."""
+    from projections.audit import ENVELOPE_RULES, RULES, fenced_work
+
+    fold = AuditFold(RUN)
+    assert fold._chain(IntentRecorded) == (fenced_work, *RULES[IntentRecorded][2:])
+    assert fold._chain(LeaseGranted) == (*ENVELOPE_RULES, *RULES[LeaseGranted])
+    custom = AuditFold(RUN, rules={IntentRecorded: RULES[IntentRecorded][1:]})
+    assert custom._chain(IntentRecorded) == (*ENVELOPE_RULES, *RULES[IntentRecorded][1:])
