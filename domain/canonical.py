@@ -312,24 +312,24 @@ _REMEMBERED_TEXTS = 4096  # per class; then it starts afresh (charges repeat, ru
 
 
 def _remembered(encode: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    """``encode`` for a class of integer fields, remembering each value's text by its plain JSON text.
+    """``encode`` for a class of integer fields, remembering the texts of values made of exact ints.
 
-    Sound because only values whose every field is an exact ``int`` are remembered: their plain
-    text is ``{"field":<integer literal>,...}``, and any value msgspec writes as that very text
-    holds those integers in every field, as ints or int-valued enums (which the canonical form writes by
-    value; msgspec refuses other int subclasses); a bool, float, string or None writes another text.
+    Keyed by the tuple of the fields: equal tuples of exact ints are the same value, so they have the
+    same text. Anything else in a field (a bool, which equals an int; an enum; a float; ``Raw``) is
+    written afresh every time, as the reference writes it or refuses it.
     """
-    texts: dict[bytes, bytes] = {}
+    texts: dict[tuple[Any, ...], bytes] = {}
 
     def remembered(value: Any) -> bytes:
-        key = _strings.encode(value)  # insertion order, ints as numbers
-        text = texts.get(key)
+        items = msgspec.structs.astuple(value)
+        if not all(type(item) is int for item in items):
+            return encode(value)
+        text = texts.get(items)
         if text is None:
             text = encode(value)
-            if all(type(item) is int for item in msgspec.structs.astuple(value)):
-                if len(texts) >= _REMEMBERED_TEXTS:
-                    texts.clear()
-                texts[key] = text
+            if len(texts) >= _REMEMBERED_TEXTS:
+                texts.clear()
+            texts[items] = text
         return text
 
     return remembered
@@ -349,7 +349,7 @@ def _compilable(cls: type, info: msgspec.inspect.StructType) -> bool:
     )
 
 
-def _defer(value: Any) -> bytes:
+def _defer(value: Any, *_: Any) -> bytes:
     raise _NotPlain
 
 
@@ -361,13 +361,16 @@ def digest_of(prefix: bytes, data: bytes) -> str:
     """
     started = _PREFIXED.get(prefix)
     if started is None:
+        if len(_PREFIXED) >= _PREFIXES:  # a prefix that is not one of the constants: no state kept
+            return "sha256:" + hashlib.sha256(prefix + data).hexdigest()
         started = _PREFIXED[prefix] = hashlib.sha256(prefix)  # never updated again: copies only
     hashed = started.copy()
     hashed.update(data)
     return "sha256:" + hashed.hexdigest()
 
 
-_PREFIXED: dict[bytes, Any] = {}  # a handful of module constants (the kinds of digest)
+_PREFIXED: dict[bytes, Any] = {}  # the kinds of digest: module constants
+_PREFIXES = 32  # a bound, so that a caller with prefixes made from data cannot grow it without end
 
 
 def schema_integer(value: object) -> int:

@@ -4,9 +4,10 @@ Evolution rules (see docs/events.md): a new field gets a default; an existing fi
 type or meaning; a breaking change bumps ``class_version`` and adds an ``upcast_vN_vN+1`` static
 method that rewrites the stored dict before decoding. Stored bytes and digests are never rewritten.
 
-Envelopes, bodies and contexts are values, trees that cannot hold a cycle that matters (a cycle
-has no JSON text, so no canonical bytes: it is refused before it is stored), so they are made
-``gc=False``: the cycle collector never walks them. A batch of 1000 intents otherwise set off a
+Envelopes, bodies and contexts are values: trees, as every decoder makes them. They are made
+``gc=False``, so the cycle collector never walks them; the price is that a cycle an in-process
+caller builds through one (a context whose arguments hold the context) is never collected. Such a
+value has no JSON text either, so it is never stored. A batch of 1000 intents otherwise set off a
 collection of the young generation every 70 events and of the whole heap every few batches
 (about 10 ms per batch in ``bench/append.py``).
 """

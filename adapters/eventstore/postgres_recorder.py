@@ -306,7 +306,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         params = _append_params(sorted_fences(fences), submissions, events)
         if riders is None:
             return self.append_statement, params, None
-        return f"WITH {riders[0]} {self.append_statement}", [*riders[1], *params], None
+        return f"WITH {riders[0]}, {self.append_statement.removeprefix('WITH ')}", [*riders[1], *params], None
 
     def async_appends(self) -> AsyncAppends:
         """These appends from an event loop, on asyncio connections to the same database."""
@@ -473,6 +473,10 @@ def _append_params(
 
 _json = msgspec.json.Encoder()
 _SUBMISSION_COLUMNS = ("submission_id", "run_id", "content_digest", "position")
+# ``json_to_recordset`` reads a missing key as NULL: a renamed field must fail here, loudly.
+_fields = {cls: tuple(f.name for f in msgspec.structs.fields(cls)) for cls in (Fence, SubmissionRow)}
+if (_fields[Fence], _fields[SubmissionRow]) != (_FENCE_FIELDS, _SUBMISSION_COLUMNS):
+    raise RuntimeError("Fence or SubmissionRow fields changed: update the append statement's JSON columns")
 _EVENT_KEYS = ("", "::bigint", "")  # run, position, topic: the casts of ``v->>i``
 
 
