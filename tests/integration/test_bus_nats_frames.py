@@ -25,8 +25,14 @@ def headers(run_id: str, position: int, expected_last: int) -> dict[str, str]:
     }
 
 
-async def stored(js: Any, stream: str) -> list[tuple[str, dict[str, str], bytes]]:
+async def stored(js: Any, stream: str, count: int) -> list[tuple[str, dict[str, str], bytes]]:
+    """The stream's messages once it holds ``count`` (a stream stores asynchronously to the PONG of a
+    flush), or whatever it holds after 10 s."""
+    deadline = asyncio.get_running_loop().time() + 10
     info = await js.stream_info(stream)
+    while info.state.last_seq < count and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+        info = await js.stream_info(stream)
     found = []
     for seq in range(1, info.state.last_seq + 1):
         msg = await js.get_msg(stream, seq=seq)
@@ -58,7 +64,7 @@ def test_events_written_as_frames_are_stored_like_published_ones(nats_url: str) 
         assert writable(nc)
         await write(nc, [hpub("bx.run-1", headers("run-1", i + 1, i), p) for i, p in enumerate(payloads)], 0)
         await nc.flush()
-        a, b = await stored(js, "FRAMES_A"), await stored(js, "FRAMES_B")
+        a, b = await stored(js, "FRAMES_A", len(payloads)), await stored(js, "FRAMES_B", len(payloads))
         assert len(a) == len(payloads)
         assert [(h, d) for _, h, d in a] == [(h, d) for _, h, d in b]
         assert {s for s, _, _ in b} == {"bx.run-1"}
@@ -74,7 +80,7 @@ def test_a_frame_behind_the_stream_is_refused_like_a_published_one(nats_url: str
         await write(nc, [hpub("bx.r", headers("r", 9, 1), b"late")], 4)
         ack = await js.publish("bx.r", b"last", headers=headers("r", 3, 2))  # still in order after the refusal
         assert ack.seq == 3
-        assert [d for _, _, d in await stored(js, "FRAMES_B")] == [b"x", b"x", b"last"]
+        assert [d for _, _, d in await stored(js, "FRAMES_B", 3)] == [b"x", b"x", b"last"]
 
     asyncio.run(with_streams(nats_url, body))
 
