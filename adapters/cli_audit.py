@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from adapters.audit_runner import AUDIT_ERRORS, AuditReport, audit_store, verify_export
+from adapters.audit_runner import AUDIT_ERRORS, DEFAULT_JOBS, AuditReport, audit_store, verify_export
 from adapters.bootstrap import open_ledger
 from adapters.eventstore import RunLedger
 from adapters.eventstore.audit_reader import stored_rows
@@ -142,9 +141,9 @@ def add_audit_parsers(sub: Any, store: argparse.ArgumentParser) -> None:
     audit.add_argument(
         "--jobs",
         type=int,
-        default=min(4, os.cpu_count() or 1),
+        default=DEFAULT_JOBS,
         metavar="N",
-        help="processes for --all on PostgreSQL (default: the CPUs, at most 4)",
+        help="processes for --all on PostgreSQL (default: one more than the CPUs, at most 4)",
     )
     audit.set_defaults(func=cmd_audit)
     explain_cmd = sub.add_parser("explain", parents=[store], help="a run at a position, in plain sentences")

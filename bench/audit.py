@@ -24,7 +24,8 @@ submission rows are not written: the audit never reads them.
   what it reads;
 * *audit*: ``adapters.audit_runner.audit_store`` on a fresh ledger (what ``baton audit --all --jobs 1``
   runs: the same scan, ``AuditFold.apply_stored`` per event, the run-row anchors), asserting no problem;
-* with ``--jobs J > 1`` (default 2): *raw xJ* and *audit xJ*, the same two split into J key ranges
+* with ``--jobs J > 1`` (default: ``baton audit``'s, one more than the CPUs, at most 4): *raw xJ*
+  and *audit xJ*, the same two split into J key ranges
   of about equal event counts (``key_ranges``), one forked process and connection each (what
   ``baton audit --all --jobs J`` runs).
 
@@ -53,7 +54,7 @@ if str(ROOT) not in sys.path:  # `python bench/audit.py` puts bench/ first, not 
 import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 
-from adapters.audit_runner import audit_store  # noqa: E402
+from adapters.audit_runner import DEFAULT_JOBS, audit_store  # noqa: E402
 from adapters.bootstrap import init_store, open_ledger  # noqa: E402
 from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows  # noqa: E402
 from adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
@@ -240,7 +241,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="100k events across 100 runs")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=2, help="also read and audit with this many processes")
+    parser.add_argument(
+        "--jobs", type=int, default=DEFAULT_JOBS, help="also read and audit with this many processes (as baton audit)"
+    )
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
     args.events = args.events or (100_000 if args.quick else 1_000_000)
