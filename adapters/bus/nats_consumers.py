@@ -123,15 +123,9 @@ class Responder:
         Reply subjects come from the server's MSG line, which never holds whitespace.
         """
         nc = self.nc
-        limit = nc.max_payload
-        frames, size = [], 0
-        for reply, verdict in answers:
-            if reply:
-                data = encode_verdict(verdict)
-                if len(data) > limit:
-                    return False
-                frames.append(pub(reply, data))
-                size += len(data)
+        frames, size, oversize = _verdict_frames(answers, nc.max_payload)
+        if oversize:
+            return False
         try:
             if frames and not write_now(nc, frames, size):
                 return False
@@ -148,16 +142,7 @@ class Responder:
             slow: list[tuple[str, bytes]] = []
             if writable(nc):  # one write for the batch (nats_frames); reply subjects come from the
                 # server's MSG line, which never holds whitespace
-                limit = nc.max_payload
-                frames, size = [], 0
-                for reply, verdict in answers:
-                    if reply:
-                        data = encode_verdict(verdict)
-                        if len(data) > limit:
-                            slow.append((reply, data))
-                        else:
-                            frames.append(pub(reply, data))
-                            size += len(data)
+                frames, size, slow = _verdict_frames(answers, nc.max_payload)
                 if frames:
                     try:
                         await write(nc, frames, size)
@@ -179,6 +164,22 @@ class Responder:
         if not isinstance(exc, asyncio.CancelledError):
             log.error("request-reply: no verdict sent for %d submissions", len(tokens), exc_info=exc)
         self._release(len(tokens))
+
+
+def _verdict_frames(answers: list[tuple[Any, Verdict]], limit: int) -> tuple[list[bytes], int, list[tuple[str, bytes]]]:
+    """A batch's replies as ``PUB`` frames and their payload bytes, and the replies over ``limit`` apart."""
+    frames: list[bytes] = []
+    size = 0
+    oversize: list[tuple[str, bytes]] = []
+    for reply, verdict in answers:
+        if reply:
+            data = encode_verdict(verdict)
+            if len(data) > limit:
+                oversize.append((reply, data))
+            else:
+                frames.append(pub(reply, data))
+                size += len(data)
+    return frames, size, oversize
 
     def _release(self, count: int) -> None:
         self._in_flight -= count

@@ -164,9 +164,9 @@ class AtOnce(Recorder):
         return self.ready
 
 
-def test_a_destination_that_answers_at_once_gets_the_batch_without_an_awaited_answer() -> None:
-    """Given ``answer_now`` that accepts, then a batch's verdicts go there once and ``answer`` is never awaited."""
-    ledger, answers = FakeLedger(), AtOnce(ready=True)
+def answered(ready: bool) -> AtOnce:
+    """One release submitted to a service whose destination's ``answer_now`` accepts (or declines)."""
+    ledger, answers = FakeLedger(), AtOnce(ready=ready)
 
     async def scenario() -> None:
         service = SubmissionService(ledger)
@@ -176,21 +176,18 @@ def test_a_destination_that_answers_at_once_gets_the_batch_without_an_awaited_an
         await service.stop()
 
     run(scenario())
+    return answers
+
+
+def test_a_destination_that_answers_at_once_gets_the_batch_without_an_awaited_answer() -> None:
+    """Given ``answer_now`` that accepts, then a batch's verdicts go there once and ``answer`` is never awaited."""
+    answers = answered(ready=True)
     assert [[(token, v.verdict) for token, v in call] for call in answers.at_once] == [[("t1", "accepted")]]
     assert answers.calls == []
 
 
 def test_a_destination_that_declines_to_answer_at_once_is_answered_the_awaited_way() -> None:
     """Given ``answer_now`` that declines (it sent nothing), then the same verdicts come through ``answer``."""
-    ledger, answers = FakeLedger(), AtOnce(ready=False)
-
-    async def scenario() -> None:
-        service = SubmissionService(ledger)
-        await service.start()
-        service.enqueue(release("s1"), answers, "t1")
-        await answers.done.wait()
-        await service.stop()
-
-    run(scenario())
+    answers = answered(ready=False)
     assert answers.at_once == []
     assert [[(token, v.verdict) for token, v in call] for call in answers.calls] == [[("t1", "accepted")]]
