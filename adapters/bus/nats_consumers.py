@@ -165,6 +165,12 @@ class Responder:
             log.error("request-reply: no verdict sent for %d submissions", len(tokens), exc_info=exc)
         self._release(len(tokens))
 
+    def _release(self, count: int) -> None:
+        self._in_flight -= count
+        self._room.set()
+        if not self._in_flight:
+            self._idle.set()
+
 
 def _verdict_frames(answers: list[tuple[Any, Verdict]], limit: int) -> tuple[list[bytes], int, list[tuple[str, bytes]]]:
     """A batch's replies as ``PUB`` frames and their payload bytes, and the replies over ``limit`` apart."""
@@ -180,12 +186,6 @@ def _verdict_frames(answers: list[tuple[Any, Verdict]], limit: int) -> tuple[lis
                 frames.append(pub(reply, data))
                 size += len(data)
     return frames, size, oversize
-
-    def _release(self, count: int) -> None:
-        self._in_flight -= count
-        self._room.set()
-        if not self._in_flight:
-            self._idle.set()
 
 
 class DurableConsumer:
