@@ -531,7 +531,7 @@ def install_locked_append(url: str, events_table: str) -> bool:
             f"CREATE OR REPLACE FUNCTION public.bench_locked_append({arguments}) RETURNS {result} "
             f"LANGUAGE plpgsql AS $b$ BEGIN "
             f"LOCK TABLE public.{events_table} IN EXCLUSIVE MODE; NOTIFY {events_table}; "
-            f"RETURN QUERY SELECT * FROM public.baton_append({', '.join(names)}); END $b$"
+            f"PERFORM public.baton_append({', '.join(names)}); END $b$"
         )
     return True
 

@@ -530,3 +530,46 @@ def test_a_failed_batch_puts_back_the_operations_it_settled_and_added(
     assert (state.version, sorted(state.operations)) == (3, ["op-1"])
     assert accepted_positions(ledger.submit_many(batch)) == [4, 5]
     assert sorted(ledger.state(RUN).operations) == ["op-2"]
+
+
+def test_a_multi_run_batch_with_stale_runs_names_the_first_and_stores_nothing_of_the_batch(
+    ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given A leases runs r-a, r-b, r-c and B took r-c and r-b, when A batches one intent per run,
+    then the batch's one transaction fails naming r-b (the first stale run in run order, at B's
+    epoch), nothing of it is stored, and each retried submission gets its own verdict."""
+    ledger_a, ledger_b = ledgers(ManualClock(T0)), ledgers(ManualClock(AN_HOUR_LATER))
+    workers = {}
+    for run_id in ("r-c", "r-a", "r-b"):
+        assert open_run(ledger_a, run_id).verdict == "accepted"
+        workers[run_id] = Submitter(ledger_a, run_id, "A", prefix=f"A-{run_id}")
+        assert workers[run_id].acquire(ttl_ms=60_000).verdict == "accepted"
+    for run_id in ("r-c", "r-b"):  # A's cache still says epoch 1
+        assert Submitter(ledger_b, run_id, "B", prefix=f"B-{run_id}").acquire().verdict == "accepted"
+    failures: list[BaseException] = []
+    real_insert = ledger_a.recorder.insert_events
+
+    def watching_insert(stored_events: Any, **kwargs: Any) -> Any:
+        try:
+            return real_insert(stored_events, **kwargs)
+        except FenceViolation as violation:
+            failures.append(violation)
+            raise
+
+    monkeypatch.setattr(ledger_a.recorder, "insert_events", watching_insert)
+    batch = [workers[run_id].submission(intent(f"op-{run_id}")) for run_id in ("r-c", "r-b", "r-a")]
+    verdicts = ledger_a.submit_many(batch)
+
+    violation = failures[0]
+    assert isinstance(violation, FenceViolation)
+    assert (violation.run_id, violation.epoch, violation.holder) == ("r-b", 2, "B")
+    assert [(v.run_id, v.verdict, v.reason) for v in verdicts] == [
+        ("r-c", "rejected", "stale_epoch"),
+        ("r-b", "rejected", "stale_epoch"),
+        ("r-a", "accepted", None),
+    ]
+    assert store.event_count("r-a") == 3
+    assert {store.event_count(run_id) for run_id in ("r-b", "r-c")} == {4}  # opened, A, expired, B: none of A's
+    assert not {batch[0].submission_id, batch[1].submission_id} & store.submission_ids()
+    for run_id in ("r-a", "r-b", "r-c"):
+        ledger_a.verify(run_id)
