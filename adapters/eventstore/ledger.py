@@ -282,7 +282,7 @@ class RunLedger(Application[str]):
         if not isinstance(draft, _Draft):
             return draft
         try:
-            self.events.put(draft.pending, fences=draft.fences, submissions=draft.rows)
+            self.recorder.insert_events(draft.pending, fences=draft.fences, submissions=draft.rows)
         except BaseException as exc:
             return self._after_append_error(draft, exc, batch[0], all_or_nothing=all_or_nothing)
         return draft.verdicts
@@ -361,8 +361,7 @@ class RunLedger(Application[str]):
             if not isinstance(draft, _Draft):
                 return None
             try:
-                stored = [self.mapper.to_stored_event(event) for event in draft.pending]
-                await appends.insert_events(stored, fences=draft.fences, submissions=draft.rows, riders=riders)
+                await appends.insert_events(draft.pending, fences=draft.fences, submissions=draft.rows, riders=riders)
             except PersistenceError:
                 self._roll_back(draft.before, draft.pending)
                 return None

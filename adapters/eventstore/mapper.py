@@ -25,27 +25,35 @@ _typed = msgspec.json.Decoder(RecordedEvent, strict=False)
 _generic = msgspec.json.Decoder()
 
 
-class StoredRunEvent:
-    """The minimal domain-event protocol eventsourcing needs: one recorded envelope and its stored form."""
+class StoredRunEvent(StoredEvent):
+    """A recorded envelope and its stored form, as the stored event itself: appending maps nothing.
 
-    __slots__ = ("originator_id", "originator_version", "recorded", "stored")
+    The ledger hands these to the recorder as they are. Through the library's ``EventStore.put``
+    each would be mapped to a second, frozen ``StoredEvent`` (2.6 µs an event, 3% of a 1000-event
+    batch); this one is that stored event already, with the envelope it was sealed from.
+    """
+
+    recorded: RecordedEvent
 
     def __init__(self, recorded: RecordedEvent, stored: bytes) -> None:
-        self.recorded = recorded
-        self.stored = stored
-        self.originator_id = recorded.run_id
-        self.originator_version = recorded.position
+        body = type(recorded.body)
+        topic = _TOPICS.get(body) or _TOPICS.setdefault(body, TOPIC_PREFIX + body.__name__)
+        fields = self.__dict__  # the dataclass is frozen: its own __init__ sets fields past __setattr__ too
+        fields["originator_id"] = recorded.run_id
+        fields["originator_version"] = recorded.position
+        fields["topic"] = topic
+        fields["state"] = stored
+        fields["recorded"] = recorded
+
+
+_TOPICS: dict[type, str] = {}
 
 
 class MsgspecMapper(Mapper[str]):
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
-        recorded: RecordedEvent = domain_event.recorded
-        return StoredEvent(
-            originator_id=recorded.run_id,
-            originator_version=recorded.position,
-            topic=TOPIC_PREFIX + type(recorded.body).__name__,
-            state=domain_event.stored,
-        )
+        if type(domain_event) is not StoredRunEvent:
+            raise TypeError(f"the ledger appends StoredRunEvent, not {type(domain_event).__name__}")
+        return domain_event
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         return StoredRunEvent(decode_recorded(stored_event.topic, stored_event.state), stored_event.state)

@@ -176,18 +176,18 @@ def test_fence_in_the_append_transaction_stops_a_writer_that_decided_before_the_
     a = leased_run(ledger_a, ttl_ms=60_000)
     b = Submitter(ledger_b, RUN, "B")
     seen: list[Any] = []
-    real_put = ledger_a.events.put
+    real_insert = ledger_a.recorder.insert_events
 
-    def put_after_takeover(*args: Any, **kwargs: Any) -> Any:
+    def insert_after_takeover(*args: Any, **kwargs: Any) -> Any:
         if not seen:  # A's decision is made and sealed; B strikes in the gap before A's transaction
             seen.append(b.acquire())
         try:
-            return real_put(*args, **kwargs)
+            return real_insert(*args, **kwargs)
         except FenceViolation as violation:
             seen.append(violation)
             raise
 
-    monkeypatch.setattr(ledger_a.events, "put", put_after_takeover)
+    monkeypatch.setattr(ledger_a.recorder, "insert_events", insert_after_takeover)
     verdict = a.submit(intent("op-1"))
 
     takeover, violation = seen
