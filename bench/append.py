@@ -509,11 +509,12 @@ class StockLockingRecorder(FencedPostgresRecorder):
         # the alias keeps the result column named as the recorder expects
         self.append_statement = text.replace("baton_append(", "bench_locked_append(") + " AS baton_append"
 
-    def _append_one(self, curs: Any, fence: Any, row: Any, event: StoredEvent, riders: Any = None) -> None:
+    def append_query(
+        self, fences: Sequence[Any], submissions: Sequence[Any], events: Sequence[StoredEvent], riders: Any = None
+    ) -> tuple[str, Sequence[Any], str | None]:
         if riders is not None:  # rows riding along in the recorder's own statement: its path, unlocked
-            super()._append_one(curs, fence, row, event, riders)
-            return
-        curs.execute(self.append_statement, _append_params([fence], [row], [event]), prepare=True)
+            return super().append_query(fences, submissions, events, riders)
+        return self.append_statement, _append_params(fences, submissions, events), None
 
 
 def install_locked_append(url: str, events_table: str) -> bool:
@@ -521,8 +522,8 @@ def install_locked_append(url: str, events_table: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT p.proargnames, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid) "
-            "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE p.proname = 'baton_append' AND n.nspname = 'public'"
+            "FROM pg_proc p "
+            "WHERE p.oid = to_regprocedure('public.baton_append(json, json, json, json, bytea[])')"
         ).fetchone()
         if row is None:
             return False

@@ -73,10 +73,14 @@ _FENCE_FIELDS = tuple(_FENCE_TYPES)  # ``Fence``'s fields, in order
 
 # The append of a batch, a multi-run append or a run's first append, set-based: one statement per
 # step whatever the number of runs (a PL/pgSQL call per run cost about 65 µs of server time each).
-# Run rows are locked in one global order (existing runs by run id in byte order, which is Python's
-# ``sorted``; then new runs, inserted in the same order), so two multi-run appends cannot deadlock.
-# The fence is checked before any row is written, as ``baton_fence`` did; a missed fence names the
-# first run (in that order) whose compare-and-set failed, with that run's current row.
+# Rows are taken in one global order, so two appends cannot deadlock: first the new runs' rows,
+# inserted in run id order (byte order, which is Python's ``sorted``), then the existing runs' rows,
+# locked in the same order. (Locking existing runs first let an insert of a run that a racing
+# append had just created wait on that append, while it waited on the insert's other new run.)
+# Every existing run's fence is then checked before any submission or event row is written; a
+# missed fence names the first run (in that order) whose compare-and-set failed, with that run's
+# current row. A batch that both collides on a new run and misses a fence reports the collision
+# (``baton_runs_pkey``): the ledger re-decides every submission of a failed batch either way.
 _APPEND_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_append(
     p_new_runs json, p_fences json, p_submissions json, p_events json, p_states bytea[]) RETURNS void
@@ -86,6 +90,12 @@ DECLARE
     missed text;
     cur record;
 BEGIN
+    IF p_new_runs IS NOT NULL THEN
+        INSERT INTO {schema}.baton_runs
+        SELECT f.run_id, f.new_head, f.new_head_digest, f.new_epoch, f.new_holder, f.new_expires_at, f.stage,
+            f.status
+        FROM json_to_recordset(p_new_runs) AS f(<fence columns>) ORDER BY f.run_id COLLATE "C";
+    END IF;
     IF p_fences IS NOT NULL THEN
         PERFORM 1 FROM {schema}.baton_runs r
         WHERE r.run_id IN (SELECT f.run_id FROM json_to_recordset(p_fences) AS f(run_id text))
@@ -107,12 +117,6 @@ BEGIN
                 DETAIL = json_build_object('head', cur.head, 'epoch', cur.epoch, 'holder', cur.holder)::text;
         END IF;
     END IF;
-    IF p_new_runs IS NOT NULL THEN
-        INSERT INTO {schema}.baton_runs
-        SELECT f.run_id, f.new_head, f.new_head_digest, f.new_epoch, f.new_holder, f.new_expires_at, f.stage,
-            f.status
-        FROM json_to_recordset(p_new_runs) AS f(<fence columns>) ORDER BY f.run_id COLLATE "C";
-    END IF;
     INSERT INTO {schema}.baton_submissions
     SELECT s.submission_id, s.run_id, s.content_digest, s.position
     FROM json_to_recordset(p_submissions) AS s(submission_id text, run_id text, content_digest text, position bigint);
@@ -122,6 +126,9 @@ BEGIN
 END
 $append$
 """.replace("<fence columns>", ", ".join(f"{name} {sql_type}" for name, sql_type in _FENCE_TYPES.items()))
+
+# Taken by ``store init`` and by an in-place upgrade of ``baton_append`` for their transaction.
+_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('baton schema'))"
 
 _REFUSE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $r$
@@ -141,7 +148,11 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         table = Identifier(events_table_name)
         fmt = {"schema": schema, "table": table}
         self.append_function = SQL(_APPEND_FUNCTION).format(**fmt)
+        self.append_signature = (
+            SQL("{schema}.baton_append(json, json, json, json, bytea[])").format(**fmt).as_string(None)
+        )
         self.sql_create_statements = [
+            SQL(_SCHEMA_LOCK).format(),  # one transaction: concurrent inits and in-place upgrades take turns
             SQL(
                 "CREATE TABLE IF NOT EXISTS {schema}.{table} (originator_id text NOT NULL, "
                 "originator_version bigint NOT NULL, topic text NOT NULL, state bytea NOT NULL, "
@@ -240,8 +251,10 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             try:
                 try:
                     self._append_on(conn, statement, params, checked)
-                except pg_errors.UndefinedFunction:  # a store made before this ``baton_append``
-                    self._install_append_function(conn)
+                except pg_errors.UndefinedFunction as exc:
+                    if checked is not None or "baton_append(" not in (exc.diag.message_primary or ""):
+                        raise  # not this version's baton_append missing: a rider's, say
+                    self._install_append_function(conn)  # a store made before this ``baton_append``
                     self._append_on(conn, statement, params, checked)
             finally:
                 pool.putconn(conn)
@@ -262,12 +275,15 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         """Upgrade a store in place: create this version's ``baton_append`` next to an older one.
 
         Older processes keep calling theirs (another signature), so a rolling upgrade needs no
-        downtime. An advisory lock keeps two upgrading processes from racing on the catalogue.
+        downtime. The lock that ``store init`` takes too keeps upgrading processes and an init from
+        racing on the catalogue (``tuple concurrently updated``); under it, a function another
+        process created meanwhile is left alone.
         """
         try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext('baton_append'))")
-                conn.execute(self.append_function)
+            with conn.transaction(), conn.cursor(row_factory=tuple_row) as curs:
+                curs.execute(_SCHEMA_LOCK)
+                if curs.execute("SELECT to_regprocedure(%s)", (self.append_signature,)).fetchone() == (None,):
+                    curs.execute(self.append_function)
         except pg_errors.InsufficientPrivilege as exc:
             msg = f"this store's baton_append is older than this Baton: run `baton store init` as its owner ({exc})"
             raise ProgrammingError(msg) from exc
@@ -471,6 +487,8 @@ def _append_params(
     """The parameters of ``append_statement``: fences (of new runs, then of the others; None for
     none) and submissions as JSON objects (their fields), each event's run, position and topic as
     a JSON array, the envelopes as they are. JSON goes as text: psycopg would send bytes as bytea."""
+    if len({f.run_id for f in fences}) != len(fences):  # set-based: one compare-and-set per run
+        raise ValueError(f"an append takes one fence per run, not {sorted(f.run_id for f in fences)}")
     new_runs = [f for f in fences if f.expected_head == 0]
     others = [f for f in fences if f.expected_head != 0] if new_runs else fences
     return (

@@ -1,11 +1,18 @@
-"""PostgreSQL's set-based ``baton_append``: a store made before it gets it in place."""
+"""PostgreSQL's set-based ``baton_append``: a store made before it gets it in place, and its lock order."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import psycopg
 import pytest
+from eventsourcing.persistence import ProgrammingError, StoredEvent
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
 from adapters.eventstore import RunLedger
+from adapters.eventstore.fenced import SubmissionRow
+from domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
@@ -36,3 +43,96 @@ def test_a_store_without_this_baton_append_gets_it_at_the_first_batch(ledgers: L
     for run_id in RUNS:
         assert store.event_count(run_id) == 3
         ledger.verify(run_id)
+
+
+def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_deadlock(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given run k2 exists, when T1 opens k1 and k2 (a racing open of k2) while T2 advances k2 and
+    opens k1, then T1 fails on k2's key and T2 commits: rows are taken new runs first, so neither
+    waits on the other in a cycle. (A trigger sleeps as T1 reaches k2, only to widen the window.)"""
+    ledger = ledgers()
+    k2 = leased_runs(ledger)["run-1"]
+    row = ledger.recorder.select_run(k2.run_id)  # type: ignore[attr-defined]
+    store.execute(
+        "CREATE FUNCTION slow_open() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.run_id = 'run-1' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER slow_open BEFORE INSERT ON baton_runs FOR EACH ROW EXECUTE FUNCTION slow_open()",
+    )
+
+    def opening(run_id: str, holder: str | None) -> Fence:
+        return Fence(run_id, 0, "", 0, None, 1, "sha256:new", 1, holder, None, "GENERATING", "open")
+
+    advance = Fence(
+        row.run_id,
+        row.head,
+        row.head_digest,
+        row.epoch,
+        row.holder,
+        row.head + 1,
+        "sha256:next",
+        row.epoch,
+        row.holder,
+        row.expires_at,
+        row.stage,
+        row.status,
+    )
+    appends = {
+        "T1": ([opening("k1", None), opening("run-1", None)], [("t1-k1", "k1", 1), ("t1-k2", "run-1", 1)]),
+        "T2": ([advance, opening("k1", "w2")], [("t2-k2", "run-1", row.head + 1), ("t2-k1", "k1", 1)]),
+    }
+    outcomes: dict[str, str] = {}
+
+    def append(name: str, delay: float) -> None:
+        fences, keys = appends[name]
+        rows = [SubmissionRow(sid, run_id, "sha256:c", position) for sid, run_id, position in keys]
+        events = [StoredEvent(run_id, position, "domain.events:X", b"{}") for _, run_id, position in keys]
+        statement, params, _ = ledger.recorder.append_query(fences, rows, events)  # type: ignore[attr-defined]
+        time.sleep(delay)
+        try:
+            with psycopg.connect(store.url, autocommit=True) as conn:
+                conn.execute(statement, params)
+            outcomes[name] = "committed"
+        except psycopg.Error as exc:
+            outcomes[name] = f"{exc.sqlstate} {exc.diag.constraint_name}"
+
+    threads = [threading.Thread(target=append, args=("T1", 0)), threading.Thread(target=append, args=("T2", 0.2))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert outcomes == {"T1": "23505 baton_runs_pkey", "T2": "committed"}  # 40P01 would be a deadlock
+    assert store.query("SELECT holder FROM baton_runs WHERE run_id = 'k1'") == [("w2",)]
+
+
+def test_two_fences_for_one_run_in_one_append_are_refused_before_the_store(ledgers: LedgerFactory) -> None:
+    """Given the set-based append (one compare-and-set per run), when an append carries two fences
+    for one run, then it is refused with a clear error before anything reaches the store."""
+    ledger = ledgers()
+    fence = Fence("run-0", 1, "sha256:a", 1, "A", 2, "sha256:b", 1, "A", None, "GENERATING", "open")
+
+    with pytest.raises(ValueError, match="one fence per run"):
+        ledger.recorder.append_query([fence, fence], [], [])  # type: ignore[attr-defined]
+
+
+def test_a_riders_missing_function_is_its_own_error_not_an_upgrade(
+    ledgers: LedgerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a rider calling a function the store lacks, when a batch appends with it, then that
+    error is raised as it is and no upgrade of baton_append is attempted."""
+    ledger = ledgers()
+    workers = leased_runs(ledger)
+    batch = [w.submission(intent(f"op-{run_id}")) for run_id, w in workers.items()]
+    upgrades: list[object] = []
+    monkeypatch.setattr(ledger.recorder, "_install_append_function", upgrades.append)
+
+    with (
+        ledger.recorder.riding("extra AS (SELECT no_such_function())", []),  # type: ignore[attr-defined]
+        pytest.raises(ProgrammingError, match="no_such_function"),
+    ):
+        ledger.recorder.insert_events([], fences=[], submissions=[])
+    verdicts = ledger.submit_many(batch)  # the same ledger, without the rider, still appends
+
+    assert upgrades == []
+    assert [v.verdict for v in verdicts] == ["accepted"] * len(RUNS)
