@@ -208,3 +208,14 @@ def test_resume_of_a_run_with_a_lost_observation_needs_reconciliation(tmp_path: 
 
     missing = json.loads(baton(tmp_path, "resume", "r", "--worker", "w2", "--json", "--store", store).stdout)
     assert missing["resumability"]["class"] == "MIGRATION_UNSAFE"
+
+
+def test_serve_refuses_an_unknown_bus_url_with_exit_2(tmp_path: Path) -> None:
+    """Given an initialised store, when ``baton serve`` gets an http:// bus, then exit 2 and why."""
+    store = f"sqlite:///{tmp_path / 'baton.db'}"
+    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+
+    result = baton(tmp_path, "serve", "--store", store, "--bus", "http://127.0.0.1:9")
+
+    assert result.returncode == 2
+    assert "unsupported bus URL 'http://127.0.0.1:9'" in result.stderr
