@@ -294,12 +294,14 @@ def test_the_events_stream_equals_the_store_and_resumes_after_a_restart_without_
         async with client(nats_url) as nc:
             async with serving(bus_store_url, nats_url) as (_, ledger):
                 for run_id in ("r1", "r2", "r3"):
-                    await request(nc, open_run(run_id))
-                    await request(nc, acquire(run_id, "w"))
+                    for item in (open_run(run_id), acquire(run_id, "w")):
+                        verdict = await request(nc, item)
+                        assert verdict.verdict == "accepted", verdict
             ledger = open_ledger(bus_store_url)  # appends while no relay runs
             try:
                 for i in range(5):
-                    assert ledger.submit(intent("r2", "w", 1, f"op-{i}")).verdict == "accepted"
+                    verdict = ledger.submit(intent("r2", "w", 1, f"op-{i}"))
+                    assert verdict.verdict == "accepted", verdict
             finally:
                 ledger.close()
             async with serving(bus_store_url, nats_url) as (_, ledger):
