@@ -295,7 +295,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         events: Sequence[StoredEvent],
         riders: Riders | None = None,
     ) -> tuple[str, Sequence[Any], str | None]:
-        """An append as one statement and its parameters, ``riders`` in it (see ``riding``); fences sorted.
+        """An append as one statement and its parameters, ``riders`` in it (see ``riding``).
 
         The common case (one event of one submission on an existing run) is a plain statement with
         scalar parameters whose compare-and-set may miss without an error: then the third item is
