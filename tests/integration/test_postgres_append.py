@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from eventsourcing.persistence import ProgrammingError, StoredEvent
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
+from adapters.bootstrap import open_ledger
+from adapters.clock import ManualClock
 from adapters.eventstore import RunLedger
 from adapters.eventstore.fenced import SubmissionRow
 from domain.fencing import Fence
@@ -136,3 +139,27 @@ def test_a_riders_missing_function_is_its_own_error_not_an_upgrade(
 
     assert upgrades == []
     assert [v.verdict for v in verdicts] == ["accepted"] * len(RUNS)
+
+
+def test_a_role_that_cannot_create_functions_is_told_to_run_store_init(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a store whose baton_append predates this version and a ledger whose role may write rows
+    but not create functions, when it appends a batch, then it is told to run ``baton store init``
+    and nothing is stored."""
+    owner = ledgers()
+    workers = leased_runs(owner)
+    store.execute(
+        "DROP FUNCTION baton_append(json, json, json, json, bytea[])",
+        "DROP ROLE IF EXISTS baton_writer",
+        "CREATE ROLE baton_writer LOGIN",
+        "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO baton_writer",
+    )
+    parts = urlsplit(store.url)
+    writer = open_ledger(urlunsplit(parts._replace(netloc=f"baton_writer@{parts.hostname or ''}")), clock=ManualClock())
+    try:
+        batch = [w.submission(intent(f"op-{run_id}")) for run_id, w in workers.items()]
+        with pytest.raises(ProgrammingError, match="run `baton store init` as its owner"):
+            writer.submit_many(batch)
+    finally:
+        writer.close()
+    assert {store.event_count(run_id) for run_id in RUNS} == {2}
+    assert not {s.submission_id for s in batch} & store.submission_ids()
