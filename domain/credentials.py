@@ -33,6 +33,8 @@ __all__ = [
     "find_credential",
     "is_credential_key",
     "may_hold_credential",
+    "suspect_text",
+    "within_prefilter_bounds",
 ]
 
 MAX_DEPTH = 64
@@ -134,9 +136,21 @@ def may_hold_credential(text: bytes) -> bool:
     any JSON text holding every container and every string of that text (keys included) except
     object members the caller has screened itself (``is_credential_key`` and the key's formats).
     """
+    return not within_prefilter_bounds(text) or suspect_text(text)
+
+
+def within_prefilter_bounds(text: bytes) -> bool:
+    """Whether the value of this JSON text is surely within the walk's bounds (past them it fails closed)."""
     containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
-    if len(text) >= 2 * MAX_NODES or containers >= MAX_DEPTH:
-        return True  # possibly past a bound: the walk fails closed there
+    return len(text) < 2 * MAX_NODES and containers < MAX_DEPTH
+
+
+def suspect_text(text: bytes) -> bool:
+    """Whether a credential format or a credential-named key holding something may be in the JSON text.
+
+    True of JSON texts joined by newlines whenever it is true of any of them (a match lies within
+    one text, and a key's value follows it in the same text), so one search can clear a batch.
+    """
     return _FORMAT_LITERALS.search(text) is not None or _suspect_key(text)
 
 

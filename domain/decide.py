@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import typing
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -40,7 +41,14 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.credentials import credential_named, find_credential, is_credential_key, may_hold_credential
+from domain.credentials import (
+    credential_named,
+    find_credential,
+    is_credential_key,
+    may_hold_credential,
+    suspect_text,
+    within_prefilter_bounds,
+)
 from domain.events import (
     BlobRef,
     CheckpointSealed,
@@ -72,6 +80,7 @@ __all__ = [
     "MAX_TTL_MS",
     "context_digest",
     "decide",
+    "screened_together",
 ]
 
 MAX_ID_LENGTH = 200
@@ -101,19 +110,26 @@ def envelope_epoch(state: RunState, submission: Submission, bodies: list[Event])
 
 
 def decide(  # noqa: C901, PLR0911, PLR0912
-    state: RunState, submission: Submission, now: int, encoded: list[bytes | None] | None = None
+    state: RunState,
+    submission: Submission,
+    now: int,
+    encoded: list[bytes | None] | None = None,
+    *,
+    screened: bool = False,
 ) -> list[Event]:
     """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``.
 
     ``encoded``, when given, receives the canonical bytes (no newline) of the first events returned,
     as far as deciding wrote them anyway (an intent's context is written for its digest), for
-    ``chain.seal_stored`` to splice in rather than write again.
+    ``chain.seal_stored`` to splice in rather than write again. ``screened`` says that
+    ``screened_together`` cleared the command already (with the rest of its batch).
     """
     _check_ids(submission)
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     command = submission.command
-    _screen(command)
+    if not screened:
+        _screen(command)
     if isinstance(command, _UNFENCED):
         return _unfenced(state, submission, command, now)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
@@ -233,6 +249,27 @@ def _screen(command: Any) -> None:
         raise errors.CredentialInPayload(f"the submission carries {found}: pass authority by reference")
 
 
+def screened_together(commands: Sequence[Any]) -> bool:
+    """Whether one pass over the JSON texts of ``commands`` proves that each passes ``_screen``.
+
+    For a batch: the bounds of each text alone (list items, size, nesting) are counted per text;
+    the searches (escapes, long strings, negative sizes, credential formats and names) run once over
+    the texts joined by newlines, which no JSON text holds: what they find in one text they find in
+    the whole. False says only that each command must be screened on its own.
+    """
+    texts = []
+    for command in commands:
+        try:
+            text = _json.encode(_keyless(command))
+        except (_Unsure, TypeError, ValueError, OverflowError, RecursionError):
+            return False
+        if not (_lists_surely_short(text) and within_prefilter_bounds(text)):
+            return False
+        texts.append(text)
+    joined = b"\n".join(texts)
+    return _strings_surely_within_bounds(joined) and not suspect_text(joined)
+
+
 class _Unsure(Exception):
     """Only the command's builtins can say: walk them."""
 
@@ -312,12 +349,17 @@ def _surely_within_bounds(text: bytes) -> bool:
     Anything else is walked. (``find``, not ``in``: ``bytes.__contains__`` first tries its operand
     as an int, and formats the exception it catches.)
     """
-    return (
-        text.find(b"\\") < 0
-        and text.count(b",") < MAX_LIST_ITEMS
-        and text.find(b'"size":-') < 0
-        and _LONG_STRING.search(text) is None
-    )
+    return _lists_surely_short(text) and _strings_surely_within_bounds(text)
+
+
+def _lists_surely_short(text: bytes) -> bool:
+    return text.count(b",") < MAX_LIST_ITEMS
+
+
+def _strings_surely_within_bounds(text: bytes) -> bool:
+    """No escapes, no string over the longest limit, no negative size: true of JSON texts joined by
+    newlines only if true of each of them."""
+    return text.find(b"\\") < 0 and text.find(b'"size":-') < 0 and _LONG_STRING.search(text) is None
 
 
 _LONG_STRING = re.compile(b'"[^"]{%d}' % (MAX_ID_LENGTH + 1))

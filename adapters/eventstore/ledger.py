@@ -43,7 +43,7 @@ from domain import errors
 from domain.canonical import digest_of
 from domain.chain import ChainReport, seal_stored, verify_chain
 from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
-from domain.decide import decide, envelope_epoch
+from domain.decide import decide, envelope_epoch, screened_together
 from domain.errors import ChainBroken
 from domain.events import IntentRecorded, RecordedEvent
 from domain.fencing import Fence, fence_for
@@ -298,12 +298,13 @@ class RunLedger(Application[str]):
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
         verdicts: list[Verdict] = []
+        screened = len(batch) > 1 and screened_together([submission.command for submission in batch])
         try:
             for submission in batch:
                 state = states[submission.run_id]
                 encoded: list[bytes | None] = []
                 try:
-                    bodies = decide(state, submission, now, encoded)
+                    bodies = decide(state, submission, now, encoded, screened=screened)
                 except errors.Rejection as rejection:
                     self._roll_back(before, pending)  # earlier submissions of the batch were applied in place
                     if all_or_nothing or not refresh:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from domain import credentials, errors
 from domain.commands import Command, RecordIntent
-from domain.decide import _check_bounds, _keyless, _screen
+from domain.decide import _check_bounds, _keyless, _screen, screened_together
 from domain.events import BlobRef, IntentContext
 
 ALNUM = "A7b9C2d4E6f8G1h3J5k7L9m2N4p6Q8r1S3t5"
@@ -169,3 +169,37 @@ def test_clean_values_of_those_classes_pass() -> None:
     """The same classes with nothing to find pass, so the rejections above are about their content."""
     for value in (_Vault(api_key=None, note="fine"), _Vault(api_key=""), _Sized(ref=BlobRef("sha256:x", 0))):
         _screen(value)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(COMMANDS, min_size=2, max_size=6))
+def test_a_batch_cleared_together_holds_only_commands_the_reference_passes(commands: list[Any]) -> None:
+    """Whatever the batch, clearing it in one pass never lets through a command the reference rejects."""
+    if screened_together(commands):
+        assert [_outcome(_reference, command) for command in commands] == [("passed", "")] * len(commands)
+
+
+def _clean(i: int) -> RecordIntent:
+    context = IntentContext(turn=i, operation="search", arguments={"query": "weather in paris", "limit": 10})
+    return RecordIntent(f"op-{i}", "pure", "tools.search@1", context, f"run/op-{i}")
+
+
+def test_a_batch_of_ordinary_intents_is_cleared_in_one_pass() -> None:
+    """Typical intents are cleared together, so a batch does not screen each of them again."""
+    assert screened_together([_clean(i) for i in range(50)])
+
+
+SUSPECTS = [
+    *(_intent(arguments={"note": text}) for text in [*SECRETS[:-1], "y" * 201, 'q"uote\\']),
+    _intent(arguments={"api_key": "abc"}),
+    _intent(authorization=SECRETS[-1]),  # a header is a credential only under authorization
+]
+
+
+@pytest.mark.parametrize("suspect", SUSPECTS)
+def test_one_suspect_command_sends_the_whole_batch_to_be_screened_alone(suspect: RecordIntent) -> None:
+    """One credential, long string or escape anywhere in a batch: the batch is not cleared together."""
+    batch = [_clean(i) for i in range(50)]
+    batch[37] = suspect
+
+    assert not screened_together(batch)
