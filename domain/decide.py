@@ -255,13 +255,14 @@ def screened_together(commands: Sequence[Any]) -> bool:
     For a batch: the bounds of each text alone (list items, size, nesting) are counted per text;
     the searches (escapes, long strings, negative sizes, credential formats and names) run once over
     the texts joined by newlines, which no JSON text holds: what they find in one text they find in
-    the whole. False says only that each command must be screened on its own.
+    the whole. False says only that each command must be screened on its own, where whatever stops
+    this proof (a value that cannot be encoded, whatever it raises) meets its usual verdict.
     """
     texts = []
     for command in commands:
         try:
             text = _json.encode(_keyless(command))
-        except (_Unsure, TypeError, ValueError, OverflowError, RecursionError):
+        except Exception:  # screened alone, the error surfaces where it would have
             return False
         if not (_lists_surely_short(text) and within_prefilter_bounds(text)):
             return False

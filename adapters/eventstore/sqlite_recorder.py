@@ -109,7 +109,8 @@ def _insert_each(
     try:
         cursor.executemany(insert, rows[start:stop])
     except sqlite3.IntegrityError as exc:
-        return start + cursor.connection.total_changes - inserted, exc  # the rows before it went in
+        # the rows before it went in (clamped: a trigger's own changes would count too)
+        return min(start + cursor.connection.total_changes - inserted, stop - 1), exc
     return None
 
 

@@ -9,6 +9,7 @@ edge both ways.
 
 from __future__ import annotations
 
+import datetime
 import typing
 from typing import Any
 
@@ -203,3 +204,19 @@ def test_one_suspect_command_sends_the_whole_batch_to_be_screened_alone(suspect:
     batch[37] = suspect
 
     assert not screened_together(batch)
+
+
+class _RaisingZone(datetime.tzinfo):
+    def utcoffset(self, dt: datetime.datetime | None) -> datetime.timedelta:
+        raise LookupError("no such zone")
+
+    def dst(self, dt: datetime.datetime | None) -> None:
+        return None
+
+
+def test_a_command_that_cannot_be_encoded_is_left_to_its_own_screen() -> None:
+    """Given a batch holding a value whose encoding raises (whatever it raises), when screened together,
+    then the batch is not cleared and nothing is raised: each command meets its own screen."""
+    odd = _intent(arguments={"at": datetime.datetime(2026, 1, 1, tzinfo=_RaisingZone())})
+
+    assert not screened_together([_clean(1), odd])
