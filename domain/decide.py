@@ -130,9 +130,10 @@ def decide(  # noqa: C901, PLR0911, PLR0912
     command = submission.command
     if not screened:
         _screen(command)
-    if isinstance(command, _UNFENCED):
+    work = type(command) in _WORK_COMMANDS  # most submissions: neither unfenced nor a handoff's acceptance
+    if not work and isinstance(command, _UNFENCED):
         return _unfenced(state, submission, command, now)
-    if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
+    if not work and isinstance(command, AcceptHandoff) and state.pending_handoff is None:
         # an import, or a refusal that does not depend on who asks (no handoff, or one already taken)
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
     _require_run(state, submission)
@@ -188,6 +189,7 @@ _FromAuthority = GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval
 _FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval)
 _UNFENCED = (OpenRun, PurgeThread, AcquireLease, ExpireLease, *_FROM_AUTHORITIES)
 _WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
+_WORK_COMMANDS = frozenset({RecordIntent, RecordObservation, RecordTransition})
 
 
 def _unfenced(
