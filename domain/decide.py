@@ -45,7 +45,6 @@ from domain.credentials import (
     credential_named,
     find_credential,
     is_credential_key,
-    may_hold_credential,
     suspect_text,
     within_prefilter_bounds,
 )
@@ -238,11 +237,7 @@ def _screen(command: Any) -> None:
     The text is that of ``_keyless(command)``, so the prefilters read the values without the keys
     that every command of a class shares; the builtins are built and walked only when one is unsure.
     """
-    try:
-        text: bytes | None = _json.encode(_keyless(command))
-    except (_Unsure, TypeError, ValueError, OverflowError, RecursionError):
-        text = None
-    if text is not None and _surely_within_bounds(text) and not may_hold_credential(text):
+    if screened_together((command,)):
         return
     plain = msgspec.to_builtins(command)
     _check_bounds(plain, "command")
@@ -252,7 +247,8 @@ def _screen(command: Any) -> None:
 
 
 def screened_together(commands: Sequence[Any]) -> bool:
-    """Whether one pass over the JSON texts of ``commands`` proves that each passes ``_screen``.
+    """Whether one pass over the JSON texts of ``commands`` proves that each passes the walks of
+    ``_screen`` (``_check_bounds`` and the credential walk), which then need not run.
 
     For a batch: the bounds of each text alone (list items, size, nesting) are counted per text;
     the searches (escapes, long strings, negative sizes, credential formats and names) run once over
@@ -344,23 +340,20 @@ def _names_a_struct(annotation: Any) -> bool:
 _PLANS: dict[type, _Plan] = {}
 
 
-def _surely_within_bounds(text: bytes) -> bool:
-    """Whether a JSON text of the command alone proves that ``_check_bounds`` passes (most do).
-
-    Without escapes, each string is the run after its opening quote, in at least as many bytes as
-    it has characters; a list of n items holds n - 1 commas; a negative size reads ``"size":-``.
-    Anything else is walked. (``find``, not ``in``: ``bytes.__contains__`` first tries its operand
-    as an int, and formats the exception it catches.)
-    """
-    return _lists_surely_short(text) and _strings_surely_within_bounds(text)
+# The bounds prefilter: together, the two say that a JSON text of the command alone proves that
+# ``_check_bounds`` passes (most do). Without escapes, each string is the run after its opening
+# quote, in at least as many bytes as it has characters; a list of n items holds n - 1 commas; a
+# negative size reads ``"size":-``. Anything else is walked. (``find``, not ``in``:
+# ``bytes.__contains__`` first tries its operand as an int, and formats the exception it catches.)
 
 
 def _lists_surely_short(text: bytes) -> bool:
+    """No list past ``MAX_LIST_ITEMS``: counted per text (commas add up across texts)."""
     return text.count(b",") < MAX_LIST_ITEMS
 
 
 def _strings_surely_within_bounds(text: bytes) -> bool:
-    """No escapes, no string over the longest limit, no negative size: true of JSON texts joined by
+    """No escapes, no string over the shortest limit, no negative size: true of JSON texts joined by
     newlines only if true of each of them."""
     return text.find(b"\\") < 0 and text.find(b'"size":-') < 0 and _LONG_STRING.search(text) is None
 
