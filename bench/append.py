@@ -565,6 +565,21 @@ class Target:
     def baton(self, tag: str, ledger: RunLedger) -> BatonAppender:
         return BatonAppender(ledger, new_run_id(tag), self.kind)
 
+    def restart_wals(self) -> None:
+        """SQLite: checkpoint both databases and restart their WALs at frame 0 (untimed, before a scenario).
+
+        SQLite checkpoints a WAL automatically every 1000 frames, inside the commit that crosses the
+        mark. Starting both sides at frame 0 puts their checkpoints on the same appends (both write
+        the same frames per append), instead of wherever the scenarios before left each WAL.
+        """
+        if self.backend != "sqlite":
+            return
+        for path in (_sqlite_path(self.baton_url), self.raw_location):
+            with contextlib.closing(sqlite3.connect(path, timeout=30)) as c:
+                busy, _, _ = c.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if busy:
+                    raise RuntimeError(f"could not restart the WAL of {path}: a connection is still in use")
+
     def raw(self, tag: str, *, lock: bool = False, notify: bool = False) -> Appender:
         run_id = new_run_id(tag)
         if self.backend == "postgres":
@@ -582,10 +597,15 @@ def targets(backend: str, kind: str) -> Iterator[tuple[Target, dict[str, str]]]:
             baton_url, raw_path = f"sqlite:///{tmp}/baton.db", f"{tmp}/raw.db"
             init_store(baton_url)
             init_store(f"sqlite:///{raw_path}")
-            # Held open throughout: the raw side opens a connection per round, and the last connection
-            # to close checkpoints the WAL, untimed. With this one open, raw pays its WAL checkpoints
-            # inside its commits, as Baton's long-lived ledger does.
-            with contextlib.closing(sqlite3.connect(raw_path)) as c:
+            # One idle connection held on each database throughout: the last connection to close a WAL
+            # database checkpoints it and deletes the WAL file, which the next writer then grows again
+            # (the 8-writer processes open and close theirs every round). With these open, both sides
+            # keep their WAL files and pay their checkpoints inside their commits, as a long-lived
+            # application does.
+            with (
+                contextlib.closing(sqlite3.connect(raw_path)) as c,
+                contextlib.closing(sqlite3.connect(_sqlite_path(baton_url))),
+            ):
                 info = {
                     "sqlite": sqlite3.sqlite_version,
                     "sqlite_journal_mode": c.execute("PRAGMA journal_mode").fetchone()[0],
@@ -604,6 +624,10 @@ def targets(backend: str, kind: str) -> Iterator[tuple[Target, dict[str, str]]]:
         events_table = _events_table(baton_url)
         locked = install_locked_append(baton_url, events_table)
         yield Target("postgres", baton_url, raw_url, events_table, kind, baton_lock=locked), info
+
+
+def _sqlite_path(url: str) -> str:
+    return url.removeprefix("sqlite:///")
 
 
 def _events_table(url: str) -> str:
@@ -800,6 +824,7 @@ def bench_single(target: Target, plan: Plan, ledgers: dict[str, RunLedger]) -> l
     """(a) one writer, one run, single-event appends (per ledger: Baton, and the candidate if any)."""
     totals = {label: Sample() for label in ["raw", *ledgers]}
     appenders = _appenders(target, ledgers, "single")
+    target.restart_wals()
     try:
         for _ in range(plan.warmup):
             for appender in appenders.values():
@@ -819,6 +844,7 @@ def bench_batches(target: Target, plan: Plan, ledgers: dict[str, RunLedger], siz
     """(c) ``submit_many`` of ``size`` submissions: one transaction per batch."""
     totals = {label: Sample() for label in ["raw", *ledgers]}
     appenders = _appenders(target, ledgers, f"batch{size}")
+    target.restart_wals()
     try:
         for appender in appenders.values():
             appender.append_batch(appender.prepare_batch(size))  # warm-up batch
@@ -853,6 +879,7 @@ def bench_writers(target: Target, plan: Plan, pool: WriterPool) -> list[Row]:
     samples = {v: Sample() for v in variants}
     for _ in range(plan.writers_rounds):
         for variant in variants:
+            target.restart_wals()
             samples[variant].add(pool.run(target, variant, plan.writers_seconds, plan.warmup))
             log(f"{target.backend}: {pool.size} writers {variant}: {samples[variant].rate:.0f} ev/s so far")
     name = f"single appends, {pool.size} writers"
