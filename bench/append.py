@@ -16,8 +16,9 @@ fsync on, and torn down at the end) it measures:
 
 Every Baton figure is paired with a *raw* baseline measured in the same process, in twelve short
 alternating rounds so both see the same machine noise, each side on one run and one connection kept
-for every round (SQLite: the raw database also keeps a connection open throughout, so, as for
-Baton's long-lived ledger, its WAL file is reused and its checkpoints fall inside its commits).
+for every round (SQLite: both databases keep an idle connection open throughout, so neither WAL file
+is deleted and grown again, and both WALs restart at frame 0 before each scenario, so the automatic
+checkpoints fall on the same appends on both sides; docs/benchmarks.md, "Same lifetime").
 The raw side writes the same rows into a separate database made by ``init_store`` (identical tables,
 indexes and append-only triggers): a compare-and-set on the run row (head, epoch, holder, and head
 digest when the schema has one), the submission-id row Baton records for idempotency, and the event
