@@ -21,9 +21,10 @@ from domain.events import (
 )
 from domain.state import RunState
 
-__all__ = ["THREAD_COMMANDS", "decide_purge", "decide_thread"]
+__all__ = ["PURGE_TOMBSTONE", "THREAD_COMMANDS", "decide_purge", "decide_thread"]
 
 THREAD_COMMANDS = (PutCheckpoint, PutWrites, DeleteThread, HideCheckpoints, PruneThread)
+PURGE_TOMBSTONE = "purge: "  # how a purge's tombstone (``ThreadDeleted.reason``) starts
 
 
 def decide_thread(
@@ -66,6 +67,6 @@ def decide_purge(state: RunState, command: PurgeThread) -> list[Event]:
         raise errors.Malformed("a purge needs a reason and a non-negative blob count")
     tombstone = state.version + 1
     return [
-        ThreadDeleted(f"purge: {command.reason}"),
+        ThreadDeleted(PURGE_TOMBSTONE + command.reason),
         ThreadPurged(tombstone, command.reason, command.blobs, command.blobs_digest),
     ]

@@ -34,7 +34,9 @@ from domain.events import (
     ApprovalGranted,
     AuthorityGranted,
     AuthorityRevoked,
+    CheckpointRecorded,
     CheckpointSealed,
+    CheckpointsHidden,
     EvidenceRecorded,
     HandoffAborted,
     HandoffAccepted,
@@ -51,8 +53,12 @@ from domain.events import (
     RunFailed,
     RunOpened,
     StageReserved,
+    ThreadDeleted,
+    ThreadPruned,
     TransitionRecorded,
+    WritesRecorded,
 )
+from domain.threads import PURGE_TOMBSTONE
 from projections import audit_authority as authority
 from projections import audit_handoff as handoff
 from projections import audit_rules as run
@@ -69,6 +75,7 @@ __all__ = [
     "audit_events",
     "audit_stored",
     "fenced_work",
+    "tombstone",
 ]
 
 ENVELOPE_RULES: tuple[Rule, ...] = (run.lifecycle,)
@@ -101,6 +108,13 @@ def fenced_work(s: AuditState, e: RecordedEvent) -> None:
     handoff.not_pending(s, e)
 
 
+def tombstone(s: AuditState, e: RecordedEvent) -> None:
+    """A thread's tombstone is the holder's work, unless it is a purge's: any worker (an operator) may purge."""
+    if not e.body.reason.startswith(PURGE_TOMBSTONE):  # type: ignore[union-attr]  # registered for ThreadDeleted
+        for rule in _WORK:
+            rule(s, e)
+
+
 RULES: dict[type[Any], tuple[Rule, ...]] = {
     RunOpened: (run.opened,),
     LeaseGranted: (run.granted,),
@@ -123,6 +137,12 @@ RULES: dict[type[Any], tuple[Rule, ...]] = {
     HandoffAborted: (run.fenced, handoff.aborted),
     RunCompleted: (*_WORK, run.completed),
     RunFailed: (run.fenced, run.ended),
+    # a LangGraph thread's checkpoints and writes (adapters/langgraph), the holder's work too
+    CheckpointRecorded: _WORK,
+    WritesRecorded: _WORK,
+    CheckpointsHidden: _WORK,
+    ThreadPruned: _WORK,
+    ThreadDeleted: (tombstone,),
 }
 """Rules per body type, run in order after ``ENVELOPE_RULES``; a type without an entry gets only those."""
 
@@ -348,6 +368,9 @@ class AuditFold:
             held, self._held = self._held, None
             self._gap(held)
         state = self.state
+        if state.erasing is not None:  # the log ends on a purge's tombstone after the run's end
+            run.unfinished_erasure(state, state.erasing)
+            state.erasing = None
         if anchor is not None and anchor != (self.head, self.head_digest):
             head, digest = anchor
             position = min(self.head, head) + 1 if self.head != head else head  # the first position in doubt

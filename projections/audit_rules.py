@@ -24,9 +24,12 @@ from domain.events import (
     ObservationRecorded,
     RecordedEvent,
     RunOpened,
+    ThreadDeleted,
+    ThreadPurged,
     TransitionRecorded,
 )
 from domain.stages import Stage, is_legal
+from domain.threads import PURGE_TOMBSTONE
 from projections.audit_state import AuditState, LeaseRecord, OpRecord
 
 __all__ = [
@@ -47,14 +50,35 @@ __all__ = [
     "renewed",
     "require_settled",
     "transition",
+    "unfinished_erasure",
 ]
 
 
 # -- rules for every event ----------------------------------------------------------------------
 
 
+def _erasure(s: AuditState, e: RecordedEvent) -> bool:
+    """Whether ``e``, after the end, is part of a purge: an operator may erase a thread's blobs on an
+    ended run too (``PurgeThread``), which appends a tombstone and then the record naming it. A
+    tombstone not followed by its record is reported after all (``AuditFold.finish`` for the last event)."""
+    body = e.body
+    if s.erasing is not None:
+        tombstone, s.erasing = s.erasing, None
+        if isinstance(body, ThreadPurged) and body.upto == tombstone == e.position - 1:
+            return True
+        unfinished_erasure(s, tombstone)
+    if isinstance(body, ThreadDeleted) and body.reason.startswith(PURGE_TOMBSTONE):
+        s.erasing = e.position
+        return True
+    return False
+
+
+def unfinished_erasure(s: AuditState, tombstone: int) -> None:
+    s.report("after_terminal", "a purge's tombstone after the run ended, without its ThreadPurged record", tombstone)
+
+
 def lifecycle(s: AuditState, e: RecordedEvent) -> None:
-    if s.terminal is not None:
+    if s.terminal is not None and not _erasure(s, e):
         s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
     if not s.opened and not (
         isinstance(e.body, RunOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)

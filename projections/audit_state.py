@@ -121,6 +121,7 @@ class AuditState:
         "context_checked",
         "dropped",
         "epoch",
+        "erasing",
         "evidence",
         "exceeded",
         "grants",
@@ -149,6 +150,7 @@ class AuditState:
         self.opened = False
         self.release_id = ""
         self.terminal: int | None = None
+        self.erasing: int | None = None  # a purge's tombstone after the end, until its ThreadPurged
         self.stage = Stage.GENERATING
         self.epoch = 0
         self.lease: LeaseRecord | None = None

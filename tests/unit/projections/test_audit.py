@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 from domain.budgets import MAX_COUNTER, Ceilings, Usage
 from domain.canonical import canonical_bytes
 from domain.chain import seal, stored_bytes, verify_chain
-from domain.commands import ReleaseLease, Submission
+from domain.commands import CompleteRun, PurgeThread, ReleaseLease, Submission
 from domain.decide import context_digest
 from domain.errors import ChainBroken
 from domain.events import (
+    BlobRef,
+    CheckpointRecorded,
     Event,
     IntentReconciled,
     IntentRecorded,
@@ -27,9 +29,13 @@ from domain.events import (
     ObservationRecorded,
     RecordedEvent,
     RunCompleted,
+    ThreadDeleted,
+    ThreadPruned,
+    ThreadPurged,
     TransitionRecorded,
 )
 from domain.stages import Stage
+from domain.threads import PURGE_TOMBSTONE
 from projections.audit import CODES, AuditFold, Problem, audit_events, audit_stored
 from projections.audit_state import AuditState, LeaseRecord, PendingHandoff
 
@@ -303,6 +309,60 @@ def test_stages_move_legally_and_nothing_follows_the_end() -> None:
         (end, "after_terminal"),
         (end, "not_lease_holder"),
     }
+
+
+def completed() -> History:
+    history = leased().moved_to(Stage.COMMITTED)
+    history.record(CompleteRun("done"))
+    return history
+
+
+def test_a_purge_after_the_end_audits_clean() -> None:
+    """Given a completed run, when an operator purges its thread (allowed on an ended run), then the
+    tombstone and the erasure record are not reported as after_terminal; another event still is."""
+    history = completed()
+    history.record(PurgeThread("gdpr request", 3, "sha256:" + "0" * 64), worker=W2)
+    assert found(audit_events(RUN, history.log)) == set()
+    forge(history, intent_body("after"))
+    assert (len(history.log), "after_terminal") in found(audit_events(RUN, history.log))
+
+
+def test_thread_events_are_the_holders_work_but_a_purge_is_anyones() -> None:
+    """Given a leased run, when another worker's checkpoint, tombstone or pruning is forged,
+    then each is not_lease_holder; when another worker purges (decided, an operator's right), the audit is clean."""
+    history = leased()
+    document = BlobRef("sha256:" + "cd" * 32, 10, "blob://doc")
+    forge(history, CheckpointRecorded("", "c1", document), worker=W2)
+    forge(history, ThreadDeleted("by the wrong worker"), worker=W2)
+    forge(history, ThreadPruned("delete", 3), worker=W2)
+    n = len(history.log)
+    assert found(audit_events(RUN, history.log)) == {
+        (n - 2, "not_lease_holder"),
+        (n - 1, "not_lease_holder"),
+        (n, "not_lease_holder"),
+    }
+    purged = leased()
+    purged.record(PurgeThread("gdpr request", 1, "sha256:" + "0" * 64), worker=W2)
+    assert found(audit_events(RUN, purged.log)) == set()
+
+
+def test_a_purge_tombstone_after_the_end_needs_its_record_right_after_it() -> None:
+    """Given a completed run, when a purge's tombstone is not followed by its ThreadPurged (the log ends,
+    another event follows, or the record names another tombstone), then the tombstone is after_terminal."""
+    tombstone = ThreadDeleted(PURGE_TOMBSTONE + "gdpr request")
+    alone = completed()
+    forge(alone, tombstone)
+    assert found(audit_events(RUN, alone.log)) == {(len(alone.log), "after_terminal")}
+    followed = completed()
+    forge(followed, tombstone)
+    forge(followed, RunCompleted("again"))
+    end = len(followed.log)
+    assert {(end - 1, "after_terminal"), (end, "after_terminal")} <= found(audit_events(RUN, followed.log))
+    misnamed = completed()
+    forge(misnamed, tombstone)
+    forge(misnamed, ThreadPurged(2, "gdpr request", 3, "sha256:" + "0" * 64))
+    end = len(misnamed.log)
+    assert found(audit_events(RUN, misnamed.log)) == {(end - 1, "after_terminal"), (end, "after_terminal")}
 
 
 def test_a_stored_digest_member_that_is_not_the_digest_is_a_mismatch_there() -> None:
