@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,21 @@ from domain.commands import CompleteRun, PurgeThread, ReleaseLease, Submission
 from domain.decide import context_digest
 from domain.errors import ChainBroken
 from domain.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    AuthorityGranted,
+    AuthorityRevoked,
     BlobRef,
     CheckpointRecorded,
     Event,
     IntentReconciled,
     IntentRecorded,
+    LeaseExpired,
     LeaseGranted,
     ObservationRecorded,
     RecordedEvent,
     RunCompleted,
+    RunOpened,
     ThreadDeleted,
     ThreadPruned,
     ThreadPurged,
@@ -36,7 +43,9 @@ from domain.events import (
 )
 from domain.stages import Stage
 from domain.threads import PURGE_TOMBSTONE
-from projections.audit import CODES, AuditFold, Problem, audit_events, audit_stored
+from projections import audit_handoff as handoff_rules
+from projections import audit_rules as run_rules
+from projections.audit import CODES, RULES, AuditFold, Problem, audit_events, audit_stored, tombstone
 from projections.audit_state import AuditState, LeaseRecord, PendingHandoff
 
 from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, intent, placement, seconds
@@ -346,6 +355,31 @@ def test_thread_events_are_the_holders_work_but_a_purge_is_anyones() -> None:
     assert found(audit_events(RUN, purged.log)) == set()
 
 
+# What the ledger lets anyone append (``decide``'s unfenced commands: open, acquire, expire, authority
+# and approval decisions, purge): the audit must not hold these to the lease. Every other event type
+# must be fence-checked, so a new event type cannot slip past the auditor unnoticed.
+UNFENCED = {
+    RunOpened,
+    LeaseGranted,
+    LeaseExpired,
+    AuthorityGranted,
+    AuthorityRevoked,
+    ApprovalGranted,
+    ApprovalDenied,
+    ThreadPurged,
+}
+
+
+def test_every_event_type_is_fence_checked_unless_anyone_may_append_it() -> None:
+    """Given the event catalogue, then each type's audit rules check the fence (some conditionally: an
+    import's acceptance, a purge's tombstone) unless the ledger lets anyone append it."""
+    fence_checking = {run_rules.fenced, tombstone, handoff_rules.accepted}
+    checked = {kind for kind, chain in RULES.items() if fence_checking & set(chain)}
+    catalogue = set(typing.get_args(Event))
+    assert catalogue - checked - UNFENCED == set(), "event types the audit never fence-checks"
+    assert checked & UNFENCED == set()
+
+
 def test_a_purge_tombstone_after_the_end_needs_its_record_right_after_it() -> None:
     """Given a completed run, when a purge's tombstone is not followed by its ThreadPurged (the log ends,
     another event follows, or the record names another tombstone), then the tombstone is after_terminal."""
@@ -387,7 +421,6 @@ def test_problems_are_capped_per_run() -> None:
 
 def test_extra_rules_plug_in_per_event_type() -> None:
     """Given a rule registered for a body type, when audited, then its problem is reported at that event."""
-    from projections.audit import RULES
 
     def no_pure(state: AuditState, event: RecordedEvent) -> None:
         body: Any = event.body
