@@ -20,8 +20,14 @@ from domain.commands import (
     AcquireLease,
     Command,
     CompleteRun,
+    DeleteThread,
     ExpireLease,
     FailRun,
+    HideCheckpoints,
+    PruneThread,
+    PurgeThread,
+    PutCheckpoint,
+    PutWrites,
     ReconcileIntent,
     RecordIntent,
     RecordObservation,
@@ -30,7 +36,7 @@ from domain.commands import (
     RenewLease,
     SealCheckpoint,
 )
-from domain.events import FailureReason, IntentContext, Placement, RecordedEvent
+from domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, RecordedEvent
 from domain.stages import Stage, is_legal
 from domain.state import RunState
 
@@ -55,8 +61,13 @@ MOVES = (
     + ["reconcile"] * 8
     + ["transition"] * 12
     + ["seal"] * 4
+    + ["checkpoint"] * 4  # a LangGraph thread's work (adapters/langgraph)
+    + ["writes"] * 3
+    + ["hide", "prune", "delete_thread"]
     + ["complete", "fail"]
 )
+PURGE_CHANCE = st.integers(0, 19)  # a purge by any worker, also on an ended run: about one step in twenty
+DOCUMENT = BlobRef("sha256:" + "cd" * 32, 64, "blob://checkpoint")
 OUTCOMES: tuple[tuple[Literal["ok", "failed"], FailureReason | None], ...] = (
     ("ok", None),
     ("ok", None),
@@ -112,7 +123,22 @@ def _command(draw: st.DrawFn, state: RunState, worker: str) -> Command:  # noqa:
         return RecordTransition(_pick(draw, legal), f"sha256:s{state.version}")
     if move == "seal":
         return SealCheckpoint(f"c-{state.version}", f"sha256:s{state.version}")
-    return CompleteRun("done") if move == "complete" else FailRun("gave_up")
+    return _thread_command(move, state) or (CompleteRun("done") if move == "complete" else FailRun("gave_up"))
+
+
+def _thread_command(move: str, state: RunState) -> Command | None:
+    checkpoint_id = f"cp-{state.version}"
+    if move == "checkpoint":
+        return PutCheckpoint("", checkpoint_id, DOCUMENT, run_tag=f"r-{state.version % 3}")
+    if move == "writes":
+        return PutWrites("", checkpoint_id, "task-1", (ChannelWrite("messages", 0, "json", DOCUMENT),))
+    if move == "hide":
+        return HideCheckpoints((f"r-{state.version % 3}",))
+    if move == "prune":
+        return PruneThread("keep_latest")
+    if move == "delete_thread":
+        return DeleteThread("reset")
+    return None
 
 
 @st.composite
@@ -129,6 +155,8 @@ def histories(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 40) -> list[
         else:
             worker = _pick(draw, [lease.worker] * 5 + [worker])
             command = _command(draw, history.state, worker)
+        if draw(PURGE_CHANCE) == 0:  # an operator's erasure: any worker, any time, also after the end
+            command = PurgeThread("erasure request", 1, "sha256:" + "0" * 64)
         with contextlib.suppress(errors.Rejection):
             history.record(command, worker=worker)
         history.advance(draw(CLOCK_STEPS))
