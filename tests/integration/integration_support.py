@@ -8,6 +8,7 @@ hands the parent's ``sys.path`` to its children.
 from __future__ import annotations
 
 import contextlib
+import queue
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,7 @@ __all__ = [
     "old_owner",
     "open_run",
     "positions",
+    "reports_of",
 ]
 
 T0 = 1_767_225_600_000_000  # ManualClock's default start, in microseconds
@@ -143,6 +145,28 @@ def intent(op_id: str, *, kind: Literal["effect", "pure"] = "pure", **arguments:
 
 def positions(ledger: RunLedger, run_id: str) -> list[int]:
     return [event.position for event in ledger.history(run_id)]
+
+
+def reports_of(processes: Sequence[Any], results: Any, timeout: float) -> list[Any]:
+    """Start ``processes``, take one report from each off ``results``, and never leave one running.
+
+    The reports are read before the joins: a child blocks on exit until what it put on the queue is read.
+    """
+    for process in processes:
+        process.start()
+    reports: list[Any] = []
+    try:
+        for _ in processes:
+            reports.append(results.get(timeout=timeout))
+    except queue.Empty:
+        raise AssertionError(f"{len(processes) - len(reports)} of {len(processes)} processes never reported") from None
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+    return reports
 
 
 # -- split brain: the two processes ------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 import nats
 import pytest
 from bus_support import TIMEOUT, eventually, stream_events, worker_process
+from integration_support import reports_of
 
 from adapters.bootstrap import open_ledger
 from domain.events import RecordedEvent
@@ -95,15 +96,7 @@ def test_two_services_share_eight_workers_without_losing_doubling_or_letting_a_s
         for run_id in run_ids
         for role in ("A", "B")
     ]
-    for process in workers:
-        process.start()
-    try:
-        outcomes = [results.get(timeout=180) for _ in workers]
-    finally:
-        for process in workers:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
+    outcomes = reports_of(workers, results, 180)
     assert [error for *_, error in outcomes if error] == []
     with contextlib.closing(open_ledger(bus_store_url)) as ledger:
         expected = {run_id: list(ledger.history(run_id)) for run_id in run_ids}

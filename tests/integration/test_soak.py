@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 from typing import Any
 
 import pytest
-from integration_support import LedgerFactory, RawStore, open_run
+from integration_support import LedgerFactory, RawStore, open_run, reports_of
 from soak_support import soak_worker
 
 from adapters.audit_runner import audit_store
@@ -36,22 +35,10 @@ def run_workers(url: str) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]
         ctx.Process(target=soak_worker, args=(url, RUNS, f"w{k}", SECONDS, k, results), name=f"w{k}")
         for k in range(WORKERS)
     ]
-    for process in processes:
-        process.start()
-    logs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    try:
-        for _ in processes:  # drain before join: a child blocks on exit until its queue is read
-            worker, log, error = results.get(timeout=SECONDS + 120)
-            assert error is None, f"{worker}: {error}"
-            logs[worker] = log
-    except queue.Empty:
-        pytest.fail(f"a worker never reported; got {sorted(logs)}")
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=5)
+    logs = {}
+    for worker, log, error in reports_of(processes, results, SECONDS + 120):
+        assert error is None, f"{worker}: {error}"
+        logs[worker] = log
     return logs
 
 

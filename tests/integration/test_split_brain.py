@@ -13,10 +13,8 @@ every race (a liveness limit, not a safety one: A still never writes after B's g
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from typing import Any
 
-import pytest
 from integration_support import (
     NEW_OWNER_APPENDS,
     REJECTIONS_TO_COLLECT,
@@ -27,6 +25,7 @@ from integration_support import (
     new_owner,
     old_owner,
     open_run,
+    reports_of,
 )
 
 from adapters.clock import ManualClock
@@ -44,21 +43,7 @@ def run_both(url: str) -> dict[str, tuple[list[dict[str, Any]], str | None]]:
         ctx.Process(target=role, args=(url, RUN, running, striking, results, DEADLINE_S), name=role.__name__)
         for role in (old_owner, new_owner)
     ]
-    for process in processes:
-        process.start()
-    collected: dict[str, tuple[list[dict[str, Any]], str | None]] = {}
-    try:
-        for _ in processes:  # drain before join: a child blocks on exit until its queue is read
-            role, verdicts, error = results.get(timeout=DEADLINE_S + 15)
-            collected[role] = (verdicts, error)
-    except queue.Empty:
-        pytest.fail(f"a worker process never reported; got {sorted(collected)}")
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=5)
+    collected = {role: (verdicts, error) for role, verdicts, error in reports_of(processes, results, DEADLINE_S + 15)}
     assert [p.exitcode for p in processes] == [0, 0]
     return collected
 
