@@ -30,6 +30,7 @@ from adapters.eventstore.fenced import (
     SubmissionRow,
     sorted_fences,
 )
+from adapters.eventstore.sqlite_checkpoints import BACKSTOP_PAGES, WalCheckpointer
 from domain.fencing import Fence
 
 __all__ = ["FencedSQLiteRecorder"]
@@ -66,8 +67,17 @@ class _StatementCachingPool(SQLiteConnectionPool):
                 cursor.execute("PRAGMA journal_mode=WAL;")
                 self.journal_mode_was_changed_to_wal = True
             self.is_journal_mode_wal = True
+        if not self.is_sqlite_memory_mode:
+            c.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         c.row_factory = sqlite3.Row
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
+
+    checkpointer: WalCheckpointer | None = None
+
+    def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        super().close()
 
 
 _INSERT_SUBMISSION = "INSERT INTO baton_submissions VALUES (?,?,?,?)"
@@ -116,9 +126,19 @@ def _insert_each(
 
 class FencedSQLiteRecorder(SQLiteApplicationRecorder):
     def __init__(self, datastore: SQLiteDatastore, events_table_name: str = "stored_events") -> None:
-        if type(datastore.pool) is SQLiteConnectionPool:
-            datastore.pool.__class__ = _StatementCachingPool  # same state; new connections cache statements
+        pool = datastore.pool
+        if type(pool) is SQLiteConnectionPool:
+            pool.__class__ = _StatementCachingPool  # same state; new connections cache statements
+        self._checkpointer: WalCheckpointer | None = None
+        if isinstance(pool, _StatementCachingPool) and not pool.is_sqlite_memory_mode:
+            self._checkpointer = pool.checkpointer = WalCheckpointer(pool.db_name)
         super().__init__(datastore, events_table_name)
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
+        notification_ids = super().insert_events(stored_events, **kwargs)
+        if self._checkpointer is not None:
+            self._checkpointer.written()
+        return notification_ids
 
     def construct_create_table_statements(self) -> list[str]:
         events = self.events_table_name
