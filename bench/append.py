@@ -570,15 +570,23 @@ class Target:
         """SQLite: checkpoint both databases and restart their WALs at frame 0 (untimed, before a scenario).
 
         SQLite checkpoints a WAL automatically every 1000 frames, inside the commit that crosses the
-        mark. Starting both sides at frame 0 puts their checkpoints on the same appends (both write
-        the same frames per append), instead of wherever the scenarios before left each WAL.
+        mark. Starting both sides at frame 0 puts those checkpoints on the same appends (both write
+        the same frames per append), instead of wherever the scenarios before left each WAL. Baton's
+        ledger also copies its WAL back from a background thread (``WalCheckpointer``), so its
+        checkpoints in commits find less to copy: that is Baton's, and counted.
         """
         if self.backend != "sqlite":
             return
         for path in (_sqlite_path(self.baton_url), self.raw_location):
             with contextlib.closing(sqlite3.connect(path, timeout=30)) as c:
-                busy, _, _ = c.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-                if busy:
+                # a writer process that has just reported may still be closing its ledger, whose
+                # checkpoint thread then runs a last checkpoint: busy for a moment, not for good
+                for _ in range(100):
+                    busy, _, _ = c.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                    if not busy:
+                        break
+                    time.sleep(0.05)
+                else:
                     raise RuntimeError(f"could not restart the WAL of {path}: a connection is still in use")
 
     def raw(self, tag: str, *, lock: bool = False, notify: bool = False) -> Appender:

@@ -30,7 +30,7 @@ from adapters.eventstore.fenced import (
     SubmissionRow,
     sorted_fences,
 )
-from adapters.eventstore.sqlite_checkpoints import BACKSTOP_PAGES, WalCheckpointer
+from adapters.eventstore.sqlite_checkpoints import WalCheckpointer
 from domain.fencing import Fence
 
 __all__ = ["FencedSQLiteRecorder"]
@@ -67,8 +67,6 @@ class _StatementCachingPool(SQLiteConnectionPool):
                 cursor.execute("PRAGMA journal_mode=WAL;")
                 self.journal_mode_was_changed_to_wal = True
             self.is_journal_mode_wal = True
-        if not self.is_sqlite_memory_mode:
-            c.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         c.row_factory = sqlite3.Row
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
 
