@@ -292,7 +292,7 @@ def _compile(cls: type, given: str | None = None) -> Callable[..., bytes]:
     exec(source, namespace)  # generated from the class's own field names, checked above
     encode: Callable[..., bytes] = namespace["encode"]
     if given is None and info.fields and all(isinstance(f.type, msgspec.inspect.IntType) for f in info.fields):
-        return _remembered(encode)
+        return _remembered(encode, len(info.fields))
     return encode
 
 
@@ -311,27 +311,37 @@ def _field_text(key: str, field: msgspec.inspect.Field) -> str:
 _REMEMBERED_TEXTS = 4096  # per class; then it starts afresh (charges repeat, running totals do not)
 
 
-def _remembered(encode: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    """``encode`` for a class of integer fields, remembering the texts of values made of exact ints.
+def _remembered(encode: Callable[[Any], bytes], size: int) -> Callable[[Any], bytes]:
+    """``encode`` for a class of ``size`` integer fields, remembering the texts of values made of exact ints.
 
     Keyed by the tuple of the fields: equal tuples of exact ints are the same value, so they have the
     same text. Anything else in a field (a bool, which equals an int; an enum; a float; ``Raw``) is
-    written afresh every time, as the reference writes it or refuses it.
+    written afresh every time, as the reference writes it or refuses it. The check is written out
+    field by field: a generator over the fields cost as much as writing them.
     """
+    exact = " and ".join(f"type(t[{i}]) is int" for i in range(size))
+    source = (
+        "def remembered(v):\n"
+        "    t = astuple(v)\n"
+        f"    if not ({exact}):\n"
+        "        return encode(v)\n"
+        "    text = texts.get(t)\n"
+        "    if text is None:\n"
+        "        text = encode(v)\n"
+        "        if len(texts) >= limit:\n"
+        "            texts.clear()\n"
+        "        texts[t] = text\n"
+        "    return text\n"
+    )
     texts: dict[tuple[Any, ...], bytes] = {}
-
-    def remembered(value: Any) -> bytes:
-        items = msgspec.structs.astuple(value)
-        if not all(type(item) is int for item in items):
-            return encode(value)
-        text = texts.get(items)
-        if text is None:
-            text = encode(value)
-            if len(texts) >= _REMEMBERED_TEXTS:
-                texts.clear()
-            texts[items] = text
-        return text
-
+    namespace: dict[str, Any] = {
+        "astuple": msgspec.structs.astuple,
+        "encode": encode,
+        "texts": texts,
+        "limit": _REMEMBERED_TEXTS,
+    }
+    exec(source, namespace)  # generated from the number of fields only
+    remembered: Callable[[Any], bytes] = namespace["remembered"]
     return remembered
 
 
@@ -353,19 +363,23 @@ def _defer(value: Any, *_: Any) -> bytes:
     raise _NotPlain
 
 
-def digest_of(prefix: bytes, data: bytes) -> str:
+def digest_of(prefix: bytes, data: bytes, end: bytes = b"") -> str:
     """SHA-256 with a domain-separation prefix, so a digest of one kind never verifies another.
 
+    The digest is of ``data + end``, without joining them (``seal_stored`` hashes an envelope's
+    members and its closing brace this way, then stores the members with the digest instead).
     Each prefix is hashed once, and every digest continues from a copy of that state: cheaper than
     a new hash object (OpenSSL 3 looks the algorithm up for each), and the prefix is not copied.
     """
     started = _PREFIXED.get(prefix)
     if started is None:
         if len(_PREFIXED) >= _PREFIXES:  # a prefix that is not one of the constants: no state kept
-            return "sha256:" + hashlib.sha256(prefix + data).hexdigest()
+            return "sha256:" + hashlib.sha256(prefix + data + end).hexdigest()
         started = _PREFIXED[prefix] = hashlib.sha256(prefix)  # never updated again: copies only
     hashed = started.copy()
     hashed.update(data)
+    if end:
+        hashed.update(end)
     return "sha256:" + hashed.hexdigest()
 
 

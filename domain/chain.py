@@ -112,7 +112,7 @@ def seal_stored(
     spliced = spliced and type(run_id) is str and type(worker) is str and type(submission_id) is str
     if spliced:
         after_body = b',"epoch":"%d","position":"' % epoch
-        tail = b',"recorded_at":"%d","run_id":%b,"submission_id":%b,"worker":%b}\n' % (
+        tail = b',"recorded_at":"%d","run_id":%b,"submission_id":%b,"worker":%b' % (
             now,
             _strings.encode(run_id),
             _strings.encode(submission_id),
@@ -129,15 +129,21 @@ def seal_stored(
         else:
             body_bytes = struct_canonical_bytes(body)
         if body_bytes is not None:
+            # every member but the digest, unclosed: hashed with the canonical ending, stored with the digest's
             middle = b'","prev_digest":%b' % _strings.encode(prev)
-            canonical = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
+            members = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
+            digest = digest_of(EVENT_PREFIX, members, _CANONICAL_END)
+            stored = b'%b,"digest":%b}' % (members, _strings.encode(digest))
         else:
             canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
-        digest = digest_of(EVENT_PREFIX, canonical)
-        event = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest)
-        sealed.append((event, stored_form(canonical, digest)))
+            digest = digest_of(EVENT_PREFIX, canonical)
+            stored = stored_form(canonical, digest)
+        sealed.append((RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest), stored))
         prev = digest
     return sealed
+
+
+_CANONICAL_END = b"}\n"
 
 
 _strings = msgspec.json.Encoder()

@@ -256,15 +256,12 @@ def screened_together(commands: Sequence[Any]) -> bool:
     the whole. False says only that each command must be screened on its own, where whatever stops
     this proof (a value that cannot be encoded, whatever it raises) meets its usual verdict.
     """
-    texts = []
-    for command in commands:
-        try:
-            text = _json.encode(_keyless(command))
-        except Exception:  # screened alone, the error surfaces where it would have
-            return False
-        if not (_lists_surely_short(text) and within_prefilter_bounds(text)):
-            return False
-        texts.append(text)
+    try:
+        texts = [_json.encode(_keyless(command)) for command in commands]
+    except Exception:  # screened alone, the error surfaces where it would have
+        return False
+    if not all([_lists_surely_short(text) and within_prefilter_bounds(text) for text in texts]):
+        return False
     joined = b"\n".join(texts)
     return _strings_surely_within_bounds(joined) and not suspect_text(joined)
 
@@ -485,7 +482,7 @@ def _intent(state: RunState, command: RecordIntent, encoded: list[bytes | None] 
     charge = _charged(state, Usage(calls=1, argument_bytes=len(arguments)))
     # The context is written once: for its digest, and (through ``encoded``) inside the event.
     text = struct_canonical_bytes(context, given=("arguments", arguments))
-    digest = context_digest(context) if text is None else digest_of(CONTEXT_PREFIX, text + b"\n")
+    digest = context_digest(context) if text is None else digest_of(CONTEXT_PREFIX, text, b"\n")
     body = IntentRecorded(
         command.op_id, command.kind, command.tool_contract, context, digest, command.idempotency_key, charge
     )
