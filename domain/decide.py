@@ -263,7 +263,7 @@ def screened_together(commands: Sequence[Any]) -> bool:
     if not all([_lists_surely_short(text) and within_prefilter_bounds(text) for text in texts]):
         return False
     joined = b"\n".join(texts)
-    return _strings_surely_within_bounds(joined) and not suspect_text(joined)
+    return _strings_surely_within_bounds(joined, longest=max(map(len, texts), default=0)) and not suspect_text(joined)
 
 
 class _Unsure(Exception):
@@ -349,10 +349,14 @@ def _lists_surely_short(text: bytes) -> bool:
     return text.count(b",") < MAX_LIST_ITEMS
 
 
-def _strings_surely_within_bounds(text: bytes) -> bool:
+def _strings_surely_within_bounds(text: bytes, *, longest: int | None = None) -> bool:
     """No escapes, no string over the shortest limit, no negative size: true of JSON texts joined by
-    newlines only if true of each of them."""
-    return text.find(b"\\") < 0 and text.find(b'"size":-') < 0 and _LONG_STRING.search(text) is None
+    newlines only if true of each of them. ``longest`` is the length of the longest text joined:
+    one too short to hold a string's quote and ``MAX_ID_LENGTH + 1`` characters holds no string
+    over the limit, so the search for one is skipped (most commands are a few hundred bytes)."""
+    if text.find(b"\\") >= 0 or text.find(b'"size":-') >= 0:
+        return False
+    return (longest is not None and longest <= MAX_ID_LENGTH + 1) or _LONG_STRING.search(text) is None
 
 
 _LONG_STRING = re.compile(b'"[^"]{%d}' % (MAX_ID_LENGTH + 1))

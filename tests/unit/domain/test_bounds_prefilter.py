@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain import errors
-from domain.decide import _check_bounds, _lists_surely_short, _strings_surely_within_bounds
+from domain.decide import MAX_ID_LENGTH, _check_bounds, _lists_surely_short, _strings_surely_within_bounds
 
 LONG = st.integers(190, 210).map(lambda n: "x" * n)
 TEXT = st.one_of(st.text(max_size=8), LONG, st.just('q"uote\\'), st.just("é" * 150))
@@ -28,10 +28,23 @@ VALUES = st.recursive(
 @settings(max_examples=1500, deadline=None)
 @given(st.dictionaries(KEYS, VALUES, max_size=5))
 def test_the_bounds_prefilter_never_passes_what_the_walk_refuses(plain: dict[str, Any]) -> None:
-    """Text the prefilter calls within bounds is never refused by ``_check_bounds``."""
+    """Text the prefilter calls within bounds, by its search or by its length alone, is never refused
+    by ``_check_bounds``."""
     text = msgspec.json.encode(plain)
-    if _lists_surely_short(text) and _strings_surely_within_bounds(text):
+    within = _strings_surely_within_bounds(text) or _strings_surely_within_bounds(text, longest=len(text))
+    if _lists_surely_short(text) and within:
         try:
             _check_bounds(plain, "command")
         except errors.Malformed as exc:  # pragma: no cover - the failure this test exists to catch
             raise AssertionError(f"prefilter passed a value the walk refuses: {exc}") from None
+
+
+def test_a_string_one_past_the_limit_is_never_skipped_for_its_length() -> None:
+    """Given the shortest JSON text holding a string one character past the limit, when the
+    prefilter is told it is the longest text, then it still searches and finds the string; a text
+    one character shorter is within bounds."""
+    past = msgspec.json.encode("x" * (MAX_ID_LENGTH + 1))
+    at = msgspec.json.encode("x" * MAX_ID_LENGTH)
+
+    assert not _strings_surely_within_bounds(past, longest=len(past))
+    assert _strings_surely_within_bounds(at, longest=len(at))
