@@ -48,3 +48,19 @@ def test_a_string_one_past_the_limit_is_never_skipped_for_its_length() -> None:
 
     assert not _strings_surely_within_bounds(past, longest=len(past))
     assert _strings_surely_within_bounds(at, longest=len(at))
+
+
+def test_short_texts_are_cleared_by_their_length_where_the_search_would_flag_the_join() -> None:
+    """Given two short texts whose quote-free bytes run on across the newline that joins them (the
+    search reads that run as one long string), when the prefilter is told their longest length,
+    then it clears them without searching, and the walk agrees with each."""
+    first = msgspec.json.encode(["a", *[1] * 98])
+    second = msgspec.json.encode([2] * 51)
+    joined = first + b"\n" + second
+    longest = max(len(first), len(second))
+
+    assert longest <= MAX_ID_LENGTH + 1
+    assert not _strings_surely_within_bounds(joined)
+    assert _strings_surely_within_bounds(joined, longest=longest)
+    for text in (first, second):
+        _check_bounds(msgspec.json.decode(text), "command")
