@@ -45,7 +45,12 @@ def envelope_digest(envelope_without_digest: dict[str, Any]) -> str:
 
 def stored_form(canonical: bytes, digest: str) -> bytes:
     """The envelope as stored: its canonical bytes (ending ``}\\n``) with the digest as a last member."""
-    return b'%b,"digest":%b}' % (canonical[:-2], _strings.encode(digest))
+    return _with_digest(canonical[:-2], digest)
+
+
+def _with_digest(members: bytes, digest: str) -> bytes:
+    """``{...members`` (unclosed) closed with the digest as its last member: the one shape of the stored form."""
+    return b'%b,"digest":%b}' % (members, _strings.encode(digest))
 
 
 _FIRST_MEMBER = b'{"body":'  # the smallest key: an older store's JSON starts with ``{"run_id":``
@@ -133,7 +138,7 @@ def seal_stored(
             middle = b'","prev_digest":%b' % _strings.encode(prev)
             members = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
             digest = digest_of(EVENT_PREFIX, members, _CANONICAL_END)
-            stored = b'%b,"digest":%b}' % (members, _strings.encode(digest))
+            stored = _with_digest(members, digest)
         else:
             canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
             digest = digest_of(EVENT_PREFIX, canonical)
