@@ -292,7 +292,7 @@ def _compile(cls: type, given: str | None = None) -> Callable[..., bytes]:
     exec(source, namespace)  # generated from the class's own field names, checked above
     encode: Callable[..., bytes] = namespace["encode"]
     if given is None and info.fields and all(isinstance(f.type, msgspec.inspect.IntType) for f in info.fields):
-        return _remembered(encode, len(info.fields))
+        return _remembered(encode, len(info.fields), frozen=_frozen(cls))
     return encode
 
 
@@ -311,17 +311,26 @@ def _field_text(key: str, field: msgspec.inspect.Field) -> str:
 _REMEMBERED_TEXTS = 4096  # per class; then it starts afresh (charges repeat, running totals do not)
 
 
-def _remembered(encode: Callable[[Any], bytes], size: int) -> Callable[[Any], bytes]:
+def _frozen(cls: type) -> bool:
+    config = getattr(cls, "__struct_config__", None)
+    return bool(config is not None and config.frozen)
+
+
+def _remembered(encode: Callable[[Any], bytes], size: int, *, frozen: bool) -> Callable[[Any], bytes]:
     """``encode`` for a class of ``size`` integer fields, remembering the texts of values made of exact ints.
 
     Keyed by the tuple of the fields: equal tuples of exact ints are the same value, so they have the
     same text. Anything else in a field (a bool, which equals an int; an enum; a float; ``Raw``) is
     written afresh every time, as the reference writes it or refuses it. The check is written out
-    field by field: a generator over the fields cost as much as writing them.
+    field by field: a generator over the fields cost as much as writing them. For a frozen class the
+    last value remembered is also known by identity (``decide`` hands on one shared charge for
+    intents of one size), which skips the tuple; the entry holds the value, so its id is not reused.
     """
     exact = " and ".join(f"type(t[{i}]) is int" for i in range(size))
+    by_identity = "    entry = last[0]\n    if entry[0] is v:\n        return entry[1]\n" if frozen else ""
     source = (
         "def remembered(v):\n"
+        f"{by_identity}"
         "    t = astuple(v)\n"
         f"    if not ({exact}):\n"
         "        return encode(v)\n"
@@ -331,6 +340,7 @@ def _remembered(encode: Callable[[Any], bytes], size: int) -> Callable[[Any], by
         "        if len(texts) >= limit:\n"
         "            texts.clear()\n"
         "        texts[t] = text\n"
+        f"{'    last[0] = (v, text)' if frozen else ''}\n"
         "    return text\n"
     )
     texts: dict[tuple[Any, ...], bytes] = {}
@@ -339,6 +349,7 @@ def _remembered(encode: Callable[[Any], bytes], size: int) -> Callable[[Any], by
         "encode": encode,
         "texts": texts,
         "limit": _REMEMBERED_TEXTS,
+        "last": [(None, b"")],  # one store of one tuple: a reader never sees half an entry
     }
     exec(source, namespace)  # generated from the number of fields only
     remembered: Callable[[Any], bytes] = namespace["remembered"]

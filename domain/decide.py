@@ -483,7 +483,7 @@ def _intent(state: RunState, command: RecordIntent, encoded: list[bytes | None] 
             raise errors.UncertainIntent(msg)
     context = command.context
     arguments = _inline_text(context.arguments, "arguments")
-    charge = _charged(state, Usage(calls=1, argument_bytes=len(arguments)))
+    charge = _charged(state, _intent_charge(len(arguments)))
     # The context is written once: for its digest, and (through ``encoded``) inside the event.
     text = struct_canonical_bytes(context, given=("arguments", arguments))
     digest = context_digest(context) if text is None else digest_of(CONTEXT_PREFIX, text, b"\n")
@@ -493,6 +493,21 @@ def _intent(state: RunState, command: RecordIntent, encoded: list[bytes | None] 
     if encoded is not None and text is not None:
         encoded.append(struct_canonical_bytes(body, given=("context", text)))
     return body
+
+
+def _intent_charge(argument_bytes: int) -> Usage:
+    """What an intent with ``argument_bytes`` of arguments costs: one shared value per size (it is frozen),
+    so that writing it into the event finds its text by identity."""
+    charge = _INTENT_CHARGES.get(argument_bytes)
+    if charge is None:
+        if len(_INTENT_CHARGES) >= _INTENT_CHARGE_SIZES:
+            _INTENT_CHARGES.clear()
+        charge = _INTENT_CHARGES[argument_bytes] = Usage(calls=1, argument_bytes=argument_bytes)
+    return charge
+
+
+_INTENT_CHARGES: dict[int, Usage] = {}
+_INTENT_CHARGE_SIZES = 1024  # a bound: argument sizes vary, most agents' repeat
 
 
 def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, reported: Usage) -> Usage:

@@ -81,3 +81,24 @@ def test_remembered_charges_are_written_as_the_reference(pairs: list[tuple[int, 
     for number, odd in pairs:
         for usage in (Usage(calls=number, fuel=number), Usage(calls=odd, fuel=number)):
             assert outcome(canonical_bytes, usage, False) == outcome(_reference_bytes, usage, False)
+
+
+class _Counters(msgspec.Struct):
+    """Integers only, like ``Usage``, but not frozen: the same object may hold other values later."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+def test_a_changeable_value_is_not_remembered_by_identity() -> None:
+    """Given a non-frozen Struct of ints encoded once, when the same object is changed and encoded
+    again, then its new text; and a frozen ``Usage`` encoded twice, then another, gives each its own."""
+    counters = _Counters(hits=1)
+    assert canonical_bytes(counters) == b'{"hits":"1","misses":"0"}\n'
+    counters.hits = 2
+    assert canonical_bytes(counters) == b'{"hits":"2","misses":"0"}\n'
+
+    charge = Usage(calls=1, argument_bytes=7)
+    assert canonical_bytes(charge) == canonical_bytes(charge) == _reference_bytes(charge, opaque=False)
+    other = Usage(calls=1, argument_bytes=8)
+    assert canonical_bytes(other) == _reference_bytes(other, opaque=False)
