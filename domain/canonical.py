@@ -301,8 +301,8 @@ def _field_text(key: str, field: msgspec.inspect.Field) -> str:
     value = f"v.{field.name}"
     if key in OPAQUE_KEYS:
         return f"V({value}, True)"
-    if isinstance(field.type, msgspec.inspect.StrType):
-        return f"(S(x) if type(x := {value}) is str else V(x, False))"
+    if isinstance(field.type, msgspec.inspect.StrType):  # empty strings are common: optional fields
+        return f"((S(x) if x else b'\"\"') if type(x := {value}) is str else V(x, False))"
     if isinstance(field.type, msgspec.inspect.IntType):
         return f"(b'\"%d\"' % x if type(x := {value}) is int else V(x, False))"
     return f"V({value}, False)"
