@@ -6,7 +6,6 @@ never by a worker's. A rejection raises; nothing about it is ever stored.
 
 from __future__ import annotations
 
-import operator
 import re
 import typing
 from collections.abc import Sequence
@@ -44,10 +43,10 @@ from domain.commands import (
 )
 from domain.credentials import (
     credential_named,
-    each_within_prefilter_bounds,
     find_credential,
     is_credential_key,
     suspect_text,
+    within_prefilter_bounds,
 )
 from domain.events import (
     BlobRef,
@@ -261,7 +260,7 @@ def screened_together(commands: Sequence[Any]) -> bool:
         texts = [_json.encode(_keyless(command)) for command in commands]
     except Exception:  # screened alone, the error surfaces where it would have
         return False
-    if not (_lists_surely_short(texts) and each_within_prefilter_bounds(texts)):
+    if not all([_lists_surely_short(text) and within_prefilter_bounds(text) for text in texts]):
         return False
     joined = b"\n".join(texts)
     return _strings_surely_within_bounds(joined, longest=max(map(len, texts), default=0)) and not suspect_text(joined)
@@ -345,12 +344,9 @@ _PLANS: dict[type, _Plan] = {}
 # ``bytes.__contains__`` first tries its operand as an int, and formats the exception it catches.)
 
 
-def _lists_surely_short(texts: Sequence[bytes]) -> bool:
-    """No list past ``MAX_LIST_ITEMS`` in any text: counted per text (commas add up across texts), in C."""
-    return max(map(_COMMAS, texts), default=0) < MAX_LIST_ITEMS
-
-
-_COMMAS = operator.methodcaller("count", b",")
+def _lists_surely_short(text: bytes) -> bool:
+    """No list past ``MAX_LIST_ITEMS``: counted per text (commas add up across texts)."""
+    return text.count(b",") < MAX_LIST_ITEMS
 
 
 def _strings_surely_within_bounds(text: bytes, *, longest: int | None = None) -> bool:

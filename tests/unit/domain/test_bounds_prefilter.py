@@ -9,14 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain import errors
-from domain.credentials import MAX_DEPTH, each_within_prefilter_bounds
-from domain.decide import (
-    MAX_ID_LENGTH,
-    MAX_LIST_ITEMS,
-    _check_bounds,
-    _lists_surely_short,
-    _strings_surely_within_bounds,
-)
+from domain.decide import MAX_ID_LENGTH, _check_bounds, _lists_surely_short, _strings_surely_within_bounds
 
 LONG = st.integers(190, 210).map(lambda n: "x" * n)
 TEXT = st.one_of(st.text(max_size=8), LONG, st.just('q"uote\\'), st.just("é" * 150))
@@ -39,7 +32,7 @@ def test_the_bounds_prefilter_never_passes_what_the_walk_refuses(plain: dict[str
     by ``_check_bounds``."""
     text = msgspec.json.encode(plain)
     within = _strings_surely_within_bounds(text) or _strings_surely_within_bounds(text, longest=len(text))
-    if _lists_surely_short([text]) and within:
+    if _lists_surely_short(text) and within:
         try:
             _check_bounds(plain, "command")
         except errors.Malformed as exc:  # pragma: no cover - the failure this test exists to catch
@@ -71,25 +64,3 @@ def test_short_texts_are_cleared_by_their_length_where_the_search_would_flag_the
     assert _strings_surely_within_bounds(joined, longest=longest)
     for text in (first, second):
         _check_bounds(msgspec.json.decode(text), "command")
-
-
-def test_a_batch_is_counted_text_by_text() -> None:
-    """Given texts each within the list and nesting bounds but over them together, when a batch's
-    counts are checked, then it passes; with one text over a bound, it does not."""
-    listed = msgspec.json.encode([0] * (MAX_LIST_ITEMS - 1))  # MAX_LIST_ITEMS - 2 commas
-    nested = msgspec.json.encode(_nested(MAX_DEPTH - 1))
-    assert _lists_surely_short([listed, listed, listed])
-    assert each_within_prefilter_bounds([nested, nested, nested])
-
-    too_long = msgspec.json.encode([0] * (MAX_LIST_ITEMS + 2))
-    too_deep = msgspec.json.encode(_nested(MAX_DEPTH))
-    assert not _lists_surely_short([listed, too_long])
-    assert not each_within_prefilter_bounds([nested, too_deep])
-    assert _lists_surely_short([]) and each_within_prefilter_bounds([])
-
-
-def _nested(depth: int) -> Any:
-    value: Any = 0
-    for _ in range(depth):
-        value = [value]
-    return value
