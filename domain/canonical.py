@@ -325,6 +325,8 @@ def _remembered(encode: Callable[[Any], bytes], size: int, *, frozen: bool) -> C
     field by field: a generator over the fields cost as much as writing them. For a frozen class the
     last value remembered is also known by identity (``decide`` hands on one shared charge for
     intents of one size), which skips the tuple; the entry holds the value, so its id is not reused.
+    Frozen is taken at its word: a value changed behind msgspec's back (``structs.force_setattr``)
+    keeps its old text here, as it keeps its old sum in ``Usage.plus``.
     """
     exact = " and ".join(f"type(t[{i}]) is int" for i in range(size))
     by_identity = "    entry = last[0]\n    if entry[0] is v:\n        return entry[1]\n" if frozen else ""
