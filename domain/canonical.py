@@ -279,16 +279,18 @@ def _compile(cls: type, given: str | None = None) -> Callable[..., bytes]:
     if info.tag_field is not None:
         members.append((info.tag_field, None))
     pieces, values = [], []
+    classes: dict[type, str] = {}
     for key, field in sorted(members, key=lambda member: member[0]):
         if field is None:
             pieces.append(b'"%b":%b' % (key.encode(), _strings.encode(info.tag).replace(b"%", b"%%")))
             continue
         pieces.append(b'"%b":%%b' % key.encode())
-        values.append("g" if field.name == given else _field_text(key, field))
+        values.append("g" if field.name == given else _field_text(key, field, classes))
     template = b"{" + b",".join(pieces) + b"}"
     parameters = "v" if given is None else "v, g"
     source = f"def encode({parameters}):\n    return {template!r} % ({''.join(value + ', ' for value in values)})\n"
-    namespace: dict[str, Any] = {"S": _strings.encode, "V": _value_bytes}
+    namespace: dict[str, Any] = {"S": _strings.encode, "V": _value_bytes, "B": _struct_bytes}
+    namespace.update({name: cls for cls, name in classes.items()})
     exec(source, namespace)  # generated from the class's own field names, checked above
     encode: Callable[..., bytes] = namespace["encode"]
     if given is None and info.fields and all(isinstance(f.type, msgspec.inspect.IntType) for f in info.fields):
@@ -296,15 +298,22 @@ def _compile(cls: type, given: str | None = None) -> Callable[..., bytes]:
     return encode
 
 
-def _field_text(key: str, field: msgspec.inspect.Field) -> str:
-    """The Python expression that writes one field's text (strings and ints of their declared type inline)."""
+def _field_text(key: str, field: msgspec.inspect.Field, classes: dict[type, str]) -> str:
+    """The Python expression that writes one field's text (strings, ints and Structs of their declared type
+    directly); ``classes`` collects the names the expression gives the Struct classes it mentions."""
     value = f"v.{field.name}"
     if key in OPAQUE_KEYS:
         return f"V({value}, True)"
-    if isinstance(field.type, msgspec.inspect.StrType):  # empty strings are common: optional fields
+    kind = field.type
+    if isinstance(kind, msgspec.inspect.StrType) or (  # empty strings are common: optional fields
+        isinstance(kind, msgspec.inspect.LiteralType) and all(type(choice) is str for choice in kind.values)
+    ):
         return f"((S(x) if x else b'\"\"') if type(x := {value}) is str else V(x, False))"
-    if isinstance(field.type, msgspec.inspect.IntType):
+    if isinstance(kind, msgspec.inspect.IntType):
         return f"(b'\"%d\"' % x if type(x := {value}) is int else V(x, False))"
+    if isinstance(kind, msgspec.inspect.StructType):  # a charge, a placement: its encoder, without the dispatch
+        name = classes.setdefault(kind.cls, f"C{len(classes)}")
+        return f"(B(x) if type(x := {value}) is {name} else V(x, False))"
     return f"V({value}, False)"
 
 

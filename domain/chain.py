@@ -113,30 +113,22 @@ def seal_stored(
     worker, submission_id = submission.worker, submission.submission_id
     # The envelope's canonical bytes are its sorted fields around the body's canonical bytes, so
     # only the body is walked; the fixed fields are spliced in when they have their exact types.
-    spliced = type(epoch) is int and type(now) is int and type(head) is int
-    spliced = spliced and type(run_id) is str and type(worker) is str and type(submission_id) is str
-    if spliced:
-        after_body = b',"epoch":"%d","position":"' % epoch
-        tail = b',"recorded_at":"%d","run_id":%b,"submission_id":%b,"worker":%b' % (
-            now,
-            _strings.encode(run_id),
-            _strings.encode(submission_id),
-            _strings.encode(worker),
-        )
+    spliced = type(head) is int and type(submission_id) is str
+    template = _members_template(run_id, worker, epoch, now) if spliced else None
+    sid = b"" if template is None else _strings.encode(submission_id)
     sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        if not (spliced and type(prev) is str):
+        if template is None or type(prev) is not str:
             body_bytes = None
         elif offset <= len(encoded) and encoded[offset - 1] is not None:
             body_bytes = encoded[offset - 1]
         else:
             body_bytes = struct_canonical_bytes(body)
-        if body_bytes is not None:
+        if body_bytes is not None and template is not None:
             # every member but the digest, unclosed: hashed with the canonical ending, stored with the digest's
-            middle = b'","prev_digest":%b' % _strings.encode(prev)
-            members = b'{"body":%b%b%d%b%b' % (body_bytes, after_body, position, middle, tail)
+            members = template % (body_bytes, position, _strings.encode(prev), sid)
             digest = digest_of(EVENT_PREFIX, members, _CANONICAL_END)
             stored = _with_digest(members, digest)
         else:
@@ -146,6 +138,29 @@ def seal_stored(
         sealed.append((RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest), stored))
         prev = digest
     return sealed
+
+
+def _members_template(run_id: object, worker: object, epoch: object, now: object) -> bytes | None:
+    """The envelope's members but the digest, unclosed, with slots for the body, position, previous
+    digest and submission id (``%b``, ``%d``, ``%b``, ``%b``), or None unless every field has its
+    exact type. A batch's events share run, worker, epoch and time: the last template is kept.
+    """
+    if not (type(run_id) is str and type(worker) is str and type(epoch) is int and type(now) is int):
+        return None
+    key = (run_id, worker, epoch, now)  # exact types, so equal keys write equal texts (True == 1 is excluded)
+    last = _last_template[0]
+    if last[0] == key:
+        return last[1]
+    fixed = (_strings.encode(run_id).replace(b"%", b"%%"), _strings.encode(worker).replace(b"%", b"%%"))
+    template = (
+        b'{"body":%%b,"epoch":"%d","position":"%%d","prev_digest":%%b,"recorded_at":"%d","run_id":%b,'
+        b'"submission_id":%%b,"worker":%b' % (epoch, now, *fixed)
+    )
+    _last_template[0] = (key, template)  # one store of one tuple: a reader never sees half an entry
+    return template
+
+
+_last_template: list[tuple[tuple[object, ...], bytes]] = [((), b"")]
 
 
 _CANONICAL_END = b"}\n"

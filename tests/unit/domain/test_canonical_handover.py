@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.budgets import Usage
-from domain.canonical import _reference_bytes, canonical_bytes, struct_canonical_bytes
-from domain.chain import seal_stored, stored_bytes
+from domain.canonical import ZERO_DIGEST, _reference_bytes, canonical_bytes, digest_of, struct_canonical_bytes
+from domain.chain import EVENT_PREFIX, envelope_bytes, seal_stored, stored_bytes, stored_form
 from domain.commands import RecordIntent
 from domain.decide import decide
-from domain.events import IntentContext
+from domain.events import IntentContext, RecordedEvent
 
 from .given import given as history
 from .test_canonical_differential import JSON, Number, outcome
@@ -102,3 +102,49 @@ def test_a_changeable_value_is_not_remembered_by_identity() -> None:
     assert canonical_bytes(charge) == canonical_bytes(charge) == _reference_bytes(charge, opaque=False)
     other = Usage(calls=1, argument_bytes=8)
     assert canonical_bytes(other) == _reference_bytes(other, opaque=False)
+
+
+class _Name(str):
+    """A ``str`` subclass: equal to its plain value, but not of the exact type the template is for."""
+
+
+# Envelope fields from small pools, so that consecutive envelopes often share the members that are
+# kept, or differ only in a value that equals another (``True == 1``, a ``str`` subclass), or need
+# escaping (``%`` is the template's own marker): each envelope must still be the definition.
+ENVELOPES = st.tuples(
+    st.sampled_from(["run-1", _Name("run-1"), "r%d-%b", 'r"\\%']),
+    st.sampled_from(["w-1", _Name("w-1"), "w%%"]),
+    st.sampled_from([1, True, 2, Number.ONE, 2**64]),
+    st.sampled_from([0, 1, False, 2**64]),
+    st.sampled_from(["s-1", _Name("s-1"), "%b"]),
+)
+
+
+def _sealed_or_error(seal: Any) -> tuple[Any, ...]:
+    try:
+        return ("ok", seal())
+    except Exception as exc:  # the error must match too: same type, same message
+        return ("error", type(exc), str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ENVELOPES, min_size=2, max_size=6))
+def test_envelopes_sealed_one_after_another_are_each_the_definition(
+    envelopes: list[tuple[str, str, int, int, str]],
+) -> None:
+    """Given envelopes sealed in turn (the members the last one shared are kept), when each is sealed,
+    then its stored form is the definition's, or the definition's error."""
+    run = history().opened().leased()
+    submission = run.submission(RecordIntent("op-1", "pure", "tools.x@1", IntentContext(turn=1, operation="x"), "k-1"))
+    body = decide(run.state, submission, run.now)[0]
+    for run_id, worker, epoch, now, submission_id in envelopes:
+        sent = msgspec.structs.replace(submission, worker=worker, submission_id=submission_id)
+        event = RecordedEvent(run_id, 1, epoch, worker, submission_id, now, ZERO_DIGEST, body)
+        canonical = _sealed_or_error(lambda event=event: envelope_bytes(event))
+        expected = (
+            ("ok", stored_form(canonical[1], digest_of(EVENT_PREFIX, canonical[1])))
+            if canonical[0] == "ok"
+            else canonical
+        )
+        sealed = _sealed_or_error(lambda: seal_stored(run_id, 0, ZERO_DIGEST, sent, epoch, [body], now)[0][1])  # noqa: B023
+        assert sealed == expected
