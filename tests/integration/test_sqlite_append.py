@@ -1,6 +1,11 @@
-"""SQLite appends of large batches: multi-row statements, and a refused row still named exactly."""
+"""SQLite appends: large batches in multi-row statements, a refused row still named exactly, and the
+one connection a ledger appends on (outside the library's pool)."""
 
 from __future__ import annotations
+
+import sqlite3
+import threading
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from eventsourcing.persistence import StoredEvent
@@ -8,6 +13,7 @@ from integration_support import LedgerFactory, RawStore, Submitter, intent, open
 
 from adapters.eventstore import RunLedger
 from adapters.eventstore.fenced import AppendConflict, DuplicateSubmission, RunRow, SubmissionRow
+from domain.errors import StoreUnavailable
 from domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -129,3 +135,57 @@ def test_an_event_at_a_taken_position_is_a_conflict_and_nothing_is_stored(
     assert not {r.submission_id for r in rows} & store.submission_ids()
     assert store.event_count(RUN) == 2
     assert ledger.recorder.select_run(RUN) == row  # type: ignore[attr-defined]
+
+
+def test_a_store_locked_past_the_busy_timeout_is_unavailable_and_the_next_append_goes_through(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a leased run and another connection holding the file's write lock past the ledger's busy
+    timeout, when an intent is submitted, then the store is unavailable and nothing is stored; once the
+    lock is gone, the same intent is accepted at the next position on the same connection, and the chain verifies."""
+    ledger = ledgers()
+    ledger.recorder.datastore.pool.lock_timeout = 0.2  # type: ignore[attr-defined]  # before the first append opens
+    worker = leased(ledger)
+    blocker = sqlite3.connect(unquote(urlsplit(store.url).path)[1:], isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable, match="locked"):
+            worker.submit(intent("op-1"), sid="s-1")
+        assert store.event_count(RUN) == 2
+    finally:
+        blocker.close()
+
+    verdict = worker.submit(intent("op-1"), sid="s-1")
+
+    assert (verdict.verdict, verdict.position) == ("accepted", 3)
+    assert ledger.verify(RUN).events == store.event_count(RUN) == 3
+
+
+def test_threads_of_one_ledger_append_to_their_runs_one_transaction_at_a_time(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given four runs, each leased by its own worker, when four threads of one ledger each submit 40
+    intents to their run, then every intent is accepted at the next position of its run and every
+    chain verifies."""
+    ledger = ledgers()
+    workers = []
+    for n in range(4):
+        run_id = f"run-{n}"
+        assert open_run(ledger, run_id).verdict == "accepted"
+        worker = Submitter(ledger, run_id, f"W{n}")
+        assert worker.acquire(ttl_ms=600_000).verdict == "accepted"
+        workers.append(worker)
+    positions: dict[str, list[int | None]] = {}
+
+    def append(worker: Submitter) -> None:
+        positions[worker.run_id] = [worker.submit(intent(f"op-{i}")).position for i in range(40)]
+
+    threads = [threading.Thread(target=append, args=(worker,)) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert positions == {f"run-{n}": list(range(3, 43)) for n in range(4)}
+    assert [ledger.verify(f"run-{n}").events for n in range(4)] == [42] * 4
+    assert sum(store.event_count(f"run-{n}") for n in range(4)) == 4 * 42
