@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -287,26 +287,47 @@ def _keyless(value: msgspec.Struct) -> list[Any]:
     ``_plan`` screens those once per class, and the values under the few keys that matter are
     checked here. Other Structs (in lists, dicts or fields not declared as Structs) keep their keys.
     """
-    plan = _PLANS.get(type(value)) or _plan(type(value))
-    out = [plan.tag, *msgspec.structs.astuple(value)]
-    for index in plan.sizes:
-        if type(out[index]) is int and out[index] < 0:
-            raise _Unsure
-    for index, key in plan.named:
-        item = out[index]
-        if type(item) is str:
-            if item and is_credential_key(key, item):
-                raise _Unsure
-        elif item is not None:
-            raise _Unsure
+    write = _KEYLESS.get(type(value))
+    if write is None:
+        write = _KEYLESS[type(value)] = _compile_keyless(_plan(type(value)))
+    return write(value)
+
+
+def _compile_keyless(plan: _Plan) -> Callable[[Any], list[Any]]:
+    """``_keyless`` for the class of ``plan``, its checks written out: looping over the plan's
+    (mostly empty) tuples cost about as much as the checks themselves, for every command."""
+    lines = ["def write(v):", "    out = [tag, *astuple(v)]"]
+    for index in plan.sizes:  # ``_check_bounds`` refuses a negative size
+        lines += [f"    if type(x := out[{index}]) is int and x < 0:", "        raise Unsure"]
+    for index, key in plan.named:  # the value under a credential name: settled here, or walked
+        lines += [
+            f"    if type(x := out[{index}]) is str:",
+            f"        if x and named({key!r}, x):",
+            "            raise Unsure",
+            "    elif x is not None:",
+            "        raise Unsure",
+        ]
     for index in plan.structs:
-        if isinstance(out[index], msgspec.Struct):
-            out[index] = _keyless(out[index])
-    return out
+        lines += [f"    if isinstance(x := out[{index}], Struct):", f"        out[{index}] = keyless(x)"]
+    lines.append("    return out")
+    namespace: dict[str, Any] = {
+        "tag": plan.tag,
+        "astuple": msgspec.structs.astuple,
+        "Unsure": _Unsure,
+        "named": is_credential_key,
+        "Struct": msgspec.Struct,
+        "keyless": _keyless,
+    }
+    exec("\n".join(lines) + "\n", namespace)  # generated from the plan: indices, and keys as literals
+    write: Callable[[Any], list[Any]] = namespace["write"]
+    return write
+
+
+_KEYLESS: dict[type, Callable[[Any], list[Any]]] = {}
 
 
 def _plan(cls: type[msgspec.Struct]) -> _Plan:
-    """The plan of a Struct class, made once; ``_Unsure`` if its own keys need the walk (none in the domain)."""
+    """The plan of a Struct class; ``_Unsure`` if its own keys need the walk (none in the domain)."""
     if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
         raise _Unsure
     try:
@@ -318,13 +339,12 @@ def _plan(cls: type[msgspec.Struct]) -> _Plan:
     tag_keys = [] if config.tag_field is None else [config.tag_field]
     if any(find_credential(key) for key in keys + tag_keys) or any(credential_named(key) for key in tag_keys):
         raise _Unsure  # a credential format in a key, or a tag under a credential name
-    plan = _PLANS[cls] = _Plan(  # indices into ``[tag, *fields]``
+    return _Plan(  # indices into ``[tag, *fields]``
         config.tag,
         tuple(index for index, key in enumerate(keys, 1) if key == "size"),
         tuple((index, key) for index, key in enumerate(keys, 1) if credential_named(key)),
         tuple(index for index, field in enumerate(fields, 1) if _names_a_struct(field.type)),
     )
-    return plan
 
 
 def _names_a_struct(annotation: Any) -> bool:
@@ -332,9 +352,6 @@ def _names_a_struct(annotation: Any) -> bool:
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return True
     return any(_names_a_struct(arg) for arg in typing.get_args(annotation))
-
-
-_PLANS: dict[type, _Plan] = {}
 
 
 # The bounds prefilter: together, the two say that a JSON text of the command alone proves that
