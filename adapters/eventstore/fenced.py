@@ -7,10 +7,12 @@ submission has been stored: the rollback takes the run row, the submission ids a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
+import eventsourcing.persistence
 import msgspec
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from domain.fencing import Fence
 
@@ -23,6 +25,7 @@ __all__ = [
     "RunRow",
     "SubmissionRow",
     "fence_missed",
+    "library_error_class",
     "sorted_fences",
 ]
 
@@ -84,3 +87,26 @@ def fence_missed(run_id: str, current: Sequence[Any] | None) -> IntegrityError:
     if current is None:
         return AppendConflict(f"run {run_id!r} has no run row")
     return FenceViolation(run_id, current[0], current[1], current[2])
+
+
+# PEP 249's exception names, which sqlite3, psycopg and eventsourcing's persistence module all use;
+# ``DatabaseError`` last, as the others but ``InterfaceError`` derive from it.
+_DB_API_ERRORS = (
+    "InterfaceError",
+    "DataError",
+    "OperationalError",
+    "IntegrityError",
+    "InternalError",
+    "ProgrammingError",
+    "NotSupportedError",
+    "DatabaseError",
+)
+
+
+def library_error_class(exc: BaseException, driver: ModuleType) -> type[PersistenceError]:
+    """The library's error class for a driver's error, as its own datastores raise them: the same name."""
+    for name in _DB_API_ERRORS:
+        if isinstance(exc, getattr(driver, name)):
+            error: type[PersistenceError] = getattr(eventsourcing.persistence, name)
+            return error
+    return PersistenceError

@@ -19,13 +19,9 @@ from typing import Any
 import msgspec
 import psycopg
 from eventsourcing.persistence import (
-    DatabaseError,
-    DataError,
     IntegrityError,
     InterfaceError,
-    InternalError,
     Notification,
-    NotSupportedError,
     OperationalError,
     PersistenceError,
     ProgrammingError,
@@ -45,6 +41,7 @@ from adapters.eventstore.fenced import (
     RunRow,
     SubmissionRow,
     fence_missed,
+    library_error_class,
 )
 from adapters.eventstore.postgres_async import AsyncAppends
 from domain.fencing import Fence
@@ -515,22 +512,9 @@ if (_fields[Fence], _fields[SubmissionRow]) != (_FENCE_FIELDS, _SUBMISSION_COLUM
     raise RuntimeError("Fence or SubmissionRow fields changed: update the append statement's JSON columns")
 
 
-_LIBRARY_ERRORS: tuple[tuple[type[psycopg.Error], type[PersistenceError]], ...] = (
-    (psycopg.InterfaceError, InterfaceError),
-    (psycopg.OperationalError, OperationalError),
-    (psycopg.DataError, DataError),
-    (psycopg.IntegrityError, IntegrityError),
-    (psycopg.InternalError, InternalError),
-    (psycopg.ProgrammingError, ProgrammingError),
-    (psycopg.NotSupportedError, NotSupportedError),
-    (psycopg.DatabaseError, DatabaseError),
-)
-
-
 def _library_error(exc: psycopg.Error) -> PersistenceError:
     """The error ``PostgresDatastore.get_connection`` would raise, with integrity errors translated."""
-    kind = next((ours for theirs, ours in _LIBRARY_ERRORS if isinstance(exc, theirs)), PersistenceError)
-    error = kind(str(exc))
+    error = library_error_class(exc, psycopg)(str(exc))
     error.__cause__ = exc
     return _translate(error) if isinstance(error, IntegrityError) else error
 

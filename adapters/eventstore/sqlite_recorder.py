@@ -13,18 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import (
-    DatabaseError,
-    DataError,
-    IntegrityError,
-    InterfaceError,
-    InternalError,
-    NotSupportedError,
-    OperationalError,
-    PersistenceError,
-    ProgrammingError,
-    StoredEvent,
-)
+from eventsourcing.persistence import InterfaceError, StoredEvent
 from eventsourcing.sqlite import (
     SQLITE3_DEFAULT_LOCK_TIMEOUT,
     SQLiteApplicationRecorder,
@@ -40,6 +29,7 @@ from adapters.eventstore.fenced import (
     FenceViolation,
     RunRow,
     SubmissionRow,
+    library_error_class,
     sorted_fences,
 )
 from adapters.eventstore.sqlite_checkpoints import WalCheckpointer
@@ -135,7 +125,7 @@ class _AppendConnection:
             except BaseException as exc:
                 self._roll_back(connection)
                 if isinstance(exc, sqlite3.Error):
-                    raise _library_error(exc) from exc
+                    raise library_error_class(exc, sqlite3)(exc) from exc
                 raise
             return result
 
@@ -154,26 +144,6 @@ class _AppendConnection:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
-
-
-def _library_error(exc: sqlite3.Error) -> PersistenceError:
-    """The library's error for an ``sqlite3`` error, as ``SQLiteTransaction`` maps them."""
-    for sqlite_error, library_error in _LIBRARY_ERRORS:
-        if isinstance(exc, sqlite_error):
-            return library_error(exc)
-    return PersistenceError(exc)
-
-
-_LIBRARY_ERRORS: tuple[tuple[type[sqlite3.Error], type[PersistenceError]], ...] = (
-    (sqlite3.InterfaceError, InterfaceError),
-    (sqlite3.DataError, DataError),
-    (sqlite3.OperationalError, OperationalError),
-    (sqlite3.IntegrityError, IntegrityError),
-    (sqlite3.InternalError, InternalError),
-    (sqlite3.ProgrammingError, ProgrammingError),
-    (sqlite3.NotSupportedError, NotSupportedError),
-    (sqlite3.DatabaseError, DatabaseError),
-)
 
 
 _INSERT_SUBMISSION = "INSERT INTO baton_submissions VALUES (?,?,?,?)"
