@@ -1,8 +1,10 @@
 """The SQLite recorder with the fence in the append transaction.
 
-SQLite has a single writer: the first statement of the append is the run row's compare-and-set
-UPDATE, which takes the write lock before anything is read, so the check and the insert see the
-same database and a concurrent writer waits (busy timeout) instead of interleaving.
+SQLite has a single writer: an append opens with ``BEGIN IMMEDIATE``, which takes the write lock
+before anything is read, and its first statement is the run row's compare-and-set UPDATE, so the
+check and the insert see the same database and a concurrent writer waits (busy timeout) instead
+of interleaving. (An in-memory database appends through the library's pool, whose ``BEGIN``
+leaves the lock to that UPDATE, the transaction's first statement.)
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class _AppendConnection:
     """The one connection this process appends on, kept outside the library's pool.
 
     Through the pool, an append took its semaphore, its writer lock and its condition, and four
-    context managers around one transaction: about a tenth of a single append's time. SQLite has
+    context managers around one transaction: about a tenth of a single append's CPU. SQLite has
     one writer per file anyway, so a lock here serialises this process's appends as the pool's
     writer lock did; reads still go through the pool.
     """
