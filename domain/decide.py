@@ -222,10 +222,12 @@ def _require_run(state: RunState, submission: Submission, *, closed: bool = Fals
 def _check_ids(submission: Submission) -> None:
     ids = sid, run_id, worker = submission.submission_id, submission.run_id, submission.worker
     top = MAX_ID_LENGTH
-    if not (sid and run_id and worker and len(sid) <= top and len(run_id) <= top and len(worker) <= top):
+    if not (sid and run_id and worker and len(sid) <= top and len(run_id) <= top and len(worker) <= top) or (
+        "\x00" in sid or "\x00" in run_id or "\x00" in worker  # a key no SQL text column can hold
+    ):
         for name, value in zip(("submission_id", "run_id", "worker"), ids, strict=True):  # name the first offender
-            if not value or len(value) > MAX_ID_LENGTH:
-                msg = f"{name} must be 1..{MAX_ID_LENGTH} characters"
+            if not value or len(value) > MAX_ID_LENGTH or "\x00" in value:
+                msg = f"{name} must be 1..{MAX_ID_LENGTH} characters, none of them NUL"
                 raise errors.Malformed(msg)
     if submission.epoch < 0:
         raise errors.Malformed("epoch cannot be negative")
@@ -390,6 +392,8 @@ def _check_bounds(value: Any, key: str) -> None:  # noqa: C901 - one flat walk: 
         limit = MAX_ID_LENGTH if key in _ID_FIELDS else MAX_TEXT_LENGTH
         if len(value) > limit:
             raise errors.Malformed(f"{key} is {len(value)} characters; the limit is {limit}")
+        if "\x00" in value and key in _ID_FIELDS:  # ids become keys and columns: a worker, the run row's holder
+            raise errors.Malformed(f"{key} holds a NUL character")
     elif kind is list or kind is tuple:  # ``to_builtins`` keeps a Struct's tuple fields as tuples
         if len(value) > MAX_LIST_ITEMS:
             raise errors.Malformed(f"{key} has {len(value)} items; the limit is {MAX_LIST_ITEMS}")

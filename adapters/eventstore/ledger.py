@@ -383,6 +383,9 @@ class RunLedger(Application[str]):
         appends = self.__dict__.get("async_appends")  # only if one was made
         if appends is not None:
             appends.close()
+        close_recorder = getattr(self.recorder, "close", None)  # a connection it keeps (PostgreSQL)
+        if close_recorder is not None:
+            close_recorder()
         super().close()
 
     def _forget_all(self, run_ids: Sequence[str]) -> None:

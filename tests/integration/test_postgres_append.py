@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from eventsourcing.persistence import ProgrammingError, StoredEvent
+from eventsourcing.persistence import DataError, ProgrammingError, StoredEvent
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
 from adapters.bootstrap import open_ledger
@@ -163,3 +163,73 @@ def test_a_role_that_cannot_create_functions_is_told_to_run_store_init(ledgers: 
         writer.close()
     assert {store.event_count(run_id) for run_id in RUNS} == {2}
     assert not {s.submission_id for s in batch} & store.submission_ids()
+
+
+def _other_backends(store: RawStore) -> int:
+    """How many connections to the store's database there are, besides the one asking."""
+    rows = store.query(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    return int(rows[0][0])
+
+
+def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through_once(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a leased run with an intent appended (so the ledger keeps a connection for appends),
+    when the server terminates every connection of the ledger, then the next intent is accepted
+    at the next position, on a new connection, stored once, and the chain verifies."""
+    ledger = ledgers()
+    worker = leased_runs(ledger)["run-0"]
+    assert worker.submit(intent("op-1")).position == 3
+    store.query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+
+    verdict = worker.submit(intent("op-2"))
+
+    assert (verdict.verdict, verdict.position) == ("accepted", 4)
+    assert store.event_count(worker.run_id) == 4
+    assert ledger.verify(worker.run_id).events == 4
+
+
+def test_closing_a_ledger_closes_the_connection_it_kept_for_appends(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a ledger that has appended (and so keeps a connection checked out of its pool), when
+    it is closed, then no connection of it is left on the server."""
+    ledger = ledgers()
+    worker = leased_runs(ledger)["run-0"]
+    assert worker.submit(intent("op-1")).verdict == "accepted"
+    assert _other_backends(store) >= 1
+
+    ledger.close()
+
+    deadline = time.monotonic() + 10
+    while _other_backends(store) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a backend leaves pg_stat_activity a moment after its client closes
+    assert _other_backends(store) == 0
+
+
+def test_a_single_event_append_with_a_nul_in_a_text_is_refused_not_cut_short(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a leased run, when the recorder is handed a one-event append whose submission id holds
+    a NUL (the domain refuses such ids; this is the recorder's own guard), then it raises a data
+    error and stores nothing: libpq would have cut the id at the NUL and stored the rest."""
+    ledger = ledgers()
+    assert leased_runs(ledger)["run-0"].submit(intent("op-1")).position == 3
+    row = ledger.recorder.select_run("run-0")  # type: ignore[attr-defined]
+    fence = Fence(
+        "run-0", row.head, row.head_digest, row.epoch, row.holder, row.head + 1, "sha256:next", row.epoch,
+        row.holder, row.expires_at, row.stage, row.status,
+    )  # fmt: skip
+
+    with pytest.raises(DataError):
+        ledger.recorder.insert_events(  # type: ignore[attr-defined]
+            [StoredEvent("run-0", row.head + 1, "domain.events:X", b"{}")],
+            fences=[fence],
+            submissions=[SubmissionRow("s-\x00cut", "run-0", "sha256:c", row.head + 1)],
+        )
+
+    assert store.event_count("run-0") == 3
+    assert store.query("SELECT count(*) FROM baton_submissions WHERE submission_id LIKE ?", ("s-%",)) == [(0,)]

@@ -4,7 +4,6 @@ one connection a ledger appends on (outside the library's pool)."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -159,33 +158,3 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_and_the_next_append
 
     assert (verdict.verdict, verdict.position) == ("accepted", 3)
     assert ledger.verify(RUN).events == store.event_count(RUN) == 3
-
-
-def test_threads_of_one_ledger_append_to_their_runs_one_transaction_at_a_time(
-    ledgers: LedgerFactory, store: RawStore
-) -> None:
-    """Given four runs, each leased by its own worker, when four threads of one ledger each submit 40
-    intents to their run, then every intent is accepted at the next position of its run and every
-    chain verifies."""
-    ledger = ledgers()
-    workers = []
-    for n in range(4):
-        run_id = f"run-{n}"
-        assert open_run(ledger, run_id).verdict == "accepted"
-        worker = Submitter(ledger, run_id, f"W{n}")
-        assert worker.acquire(ttl_ms=600_000).verdict == "accepted"
-        workers.append(worker)
-    positions: dict[str, list[int | None]] = {}
-
-    def append(worker: Submitter) -> None:
-        positions[worker.run_id] = [worker.submit(intent(f"op-{i}")).position for i in range(40)]
-
-    threads = [threading.Thread(target=append, args=(worker,)) for worker in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert positions == {f"run-{n}": list(range(3, 43)) for n in range(4)}
-    assert [ledger.verify(f"run-{n}").events for n in range(4)] == [42] * 4
-    assert sum(store.event_count(f"run-{n}") for n in range(4)) == 4 * 42

@@ -573,3 +573,32 @@ def test_a_multi_run_batch_with_stale_runs_names_the_first_and_stores_nothing_of
     assert not {batch[0].submission_id, batch[1].submission_id} & store.submission_ids()
     for run_id in ("r-a", "r-b", "r-c"):
         ledger_a.verify(run_id)
+
+
+def test_threads_of_one_ledger_append_to_their_own_runs(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given four runs, each leased by its own worker, when four threads of one ledger each submit 40
+    intents to their run, then every intent is accepted at the next position of its run and every
+    chain verifies (SQLite: the threads take turns on the append connection; PostgreSQL: one
+    appends on the kept connection, the others on pooled ones)."""
+    ledger = ledgers()
+    workers = []
+    for n in range(4):
+        run_id = f"run-{n}"
+        assert open_run(ledger, run_id).verdict == "accepted"
+        worker = Submitter(ledger, run_id, f"W{n}")
+        assert worker.acquire(ttl_ms=600_000).verdict == "accepted"
+        workers.append(worker)
+    positions: dict[str, list[int | None]] = {}
+
+    def append(worker: Submitter) -> None:
+        positions[worker.run_id] = [worker.submit(intent(f"op-{i}")).position for i in range(40)]
+
+    threads = [threading.Thread(target=append, args=(worker,)) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert positions == {f"run-{n}": list(range(3, 43)) for n in range(4)}
+    assert [ledger.verify(f"run-{n}").events for n in range(4)] == [42] * 4
+    assert sum(store.event_count(f"run-{n}") for n in range(4)) == 4 * 42

@@ -160,11 +160,15 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         ("run_id", "r" * (MAX_ID_LENGTH + 1)),
         ("worker", ""),
         ("worker", "w" * (MAX_ID_LENGTH + 1)),
+        ("submission_id", "s-\x00"),
+        ("run_id", "\x00"),
+        ("worker", "w\x00-1"),
         ("epoch", -1),
     ],
 )
-def test_submission_with_empty_or_oversized_id_or_negative_epoch_is_malformed(field: str, value: object) -> None:
-    """An empty id, an id over MAX_ID_LENGTH or a negative epoch is malformed, whatever the command."""
+def test_submission_with_empty_oversized_or_nul_id_or_negative_epoch_is_malformed(field: str, value: object) -> None:
+    """An empty id, an id over MAX_ID_LENGTH or with a NUL character (which no SQL text column
+    holds), or a negative epoch, is malformed, whatever the command."""
     submission = msgspec.structs.replace(Submission("s-1", RUN, W1, open_run()), **{field: value})
 
     with pytest.raises(errors.Rejection) as caught:
@@ -501,6 +505,16 @@ def test_recorded_intent_is_uncertain_until_observed() -> None:
 
     assert history.state.operations["op-1"].epoch == 1
     assert history.state.op_ids == {"op-1"}
+
+
+def test_intent_whose_op_id_holds_a_nul_is_malformed() -> None:
+    """Ids inside a command become keys and columns too (an op id, a placement's worker): a NUL
+    in one is malformed, as in the submission's own ids."""
+    history = given().opened().leased(W1)
+
+    rejection = history.rejects(intent("op-\x001"))
+
+    assert rejection.reason == "malformed" and "op_id" in str(rejection)
 
 
 def test_intent_for_an_op_id_that_already_has_one_is_duplicate_operation() -> None:
