@@ -33,7 +33,7 @@ _BUSY_TIMEOUT_S = 0.01  # PASSIVE never waits for locks but for a moment on the 
 class WalCheckpointer:
     """Checkpoints one database file (``PASSIVE``) at most every ``INTERVAL_S`` after it was written to.
 
-    ``written()`` is called after each commit and costs an ``Event.set``; the thread sleeps while
+    ``written()`` is called after each commit and costs an ``Event.set`` when the flag is down; the thread sleeps while
     nothing is written. A checkpoint kept from running by another is tried again after the next
     interval; one that a reader on an older snapshot kept from copying every page waits for the
     next write (so a long read does not keep the thread busy).
@@ -51,7 +51,8 @@ class WalCheckpointer:
     def written(self) -> None:
         if self._thread is None:
             self._start()
-        self._dirty.set()
+        if not self._dirty.is_set():  # a plain read; ``set`` takes the event's lock and notifies every time
+            self._dirty.set()  # a flag seen set is cleared only before a checkpoint, which copies this commit
 
     def _start(self) -> None:
         with self._guard:
