@@ -213,6 +213,12 @@ class RunLedger(Application[str]):
         Skipping the catch-up read is safe for appends: the fence rejects a decision made on a
         stale state, and the ledger then refreshes and decides again.
         """
+        if not refresh:  # the common case: the cached state as it is, marked most recently used
+            with self._lock:
+                state = self._states.get(run_id)
+                if state is not None:
+                    self._states.move_to_end(run_id)
+                    return state
         with self._lock:
             state = self._states.pop(run_id, None)
         if state is None:

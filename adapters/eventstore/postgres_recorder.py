@@ -151,7 +151,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         super().__init__(datastore, events_table_name=events_table_name)
         self._pool_opened = False
         self._kept = _KeptConnection(datastore)
-        self._riders = threading.local()
+        self._riders = _RidersSlot()
         schema = Identifier(datastore.schema)
         table = Identifier(events_table_name)
         fmt = {"schema": schema, "table": table}
@@ -250,7 +250,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         if not self._pool_opened:
             with self.datastore.get_connection():  # opens the pool the library's way, once
                 self._pool_opened = True
-        riders: Riders | None = getattr(self._riders, "current", None)
+        riders = self._riders.current
         statement, params, checked = self.append_query(fences, submissions, stored_events, riders)
         kept = self._kept
         if kept.lock.acquire(blocking=False):  # the common case: this recorder's own connection is free
@@ -553,7 +553,7 @@ class _KeptConnection:
     def take(self) -> psycopg.Connection[Any]:
         """The connection (the caller holds ``lock``), checked out of the pool on first use."""
         conn = self._conn
-        if conn is None or conn.closed or time.monotonic() >= self._replace_at:
+        if conn is None or time.monotonic() >= self._replace_at:  # one that broke was given back already
             if conn is not None:
                 self.give_back()
             pool = self._datastore.pool
@@ -602,18 +602,25 @@ _ONE_TYPES = (
 _ONE_FORMATS = (pq.Format.TEXT,) * (len(_ONE_TYPES) - 1) + (pq.Format.BINARY,)
 
 
+class _RidersSlot(threading.local):
+    """This thread's riders, None outside ``riding``: a default, as ``getattr`` of a missing
+    attribute of a thread-local raises and catches an AttributeError on every append."""
+
+    current: Riders | None = None
+
+
 class _Riding:
     """Sets this thread's riders for the appends inside it (a class: a put enters one per append)."""
 
     __slots__ = ("_local", "_outer", "_riders")
 
-    def __init__(self, local: threading.local, riders: tuple[str, Sequence[Any]]) -> None:
+    def __init__(self, local: _RidersSlot, riders: tuple[str, Sequence[Any]]) -> None:
         self._local = local
         self._riders = riders
         self._outer: tuple[str, Sequence[Any]] | None = None
 
     def __enter__(self) -> None:
-        self._outer = getattr(self._local, "current", None)
+        self._outer = self._local.current
         self._local.current = self._riders
 
     def __exit__(self, *exc: object) -> None:
