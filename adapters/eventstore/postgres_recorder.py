@@ -62,6 +62,7 @@ _APPEND_CURSOR = "_baton_append_cursor"
 # append is prepared on it (under ``_ONE_NAME``), False if the connection's encoding is not UTF-8.
 _ONE_PREPARED = "_baton_append_one_prepared"
 _ONE_NAME = b"baton_append_one"
+_KEEP_FROM_POOL_SIZE = 3  # the smallest pool (its maximum) that keeps a connection for appends
 _FENCE_TYPES = {
     "run_id": "text",
     "expected_head": "bigint",
@@ -150,7 +151,9 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events") -> None:
         super().__init__(datastore, events_table_name=events_table_name)
         self._pool_opened = False
-        self._kept = _KeptConnection(datastore)
+        # A connection kept for appends, where the pool can spare one: a pool of one or two (a
+        # one-shot CLI command's) would then open another for every read, or have none for it.
+        self._kept = _KeptConnection(datastore) if datastore.pool.max_size >= _KEEP_FROM_POOL_SIZE else None
         self._riders = _RidersSlot()
         schema = Identifier(datastore.schema)
         table = Identifier(events_table_name)
@@ -242,8 +245,9 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         one submission on an existing run) is a single plain statement with scalar parameters;
         anything else goes through ``baton_append``, which does the same work with arrays (run
         rows locked first, in sorted order, then submissions, then events). A retry after a lost
-        connection is safe: an append that did commit collides on its submission ids and the
-        ledger answers ``duplicate`` with the original position.
+        connection is safe: if the append did commit, the retry's compare-and-set misses (or its
+        submission ids collide), and the ledger re-decides, finds the submission recorded and
+        answers ``duplicate`` with the original position.
         """
         fences: Sequence[Fence] = kwargs.get("fences", ())
         submissions: Sequence[SubmissionRow] = kwargs.get("submissions", ())
@@ -253,15 +257,16 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         riders = self._riders.current
         statement, params, checked = self.append_query(fences, submissions, stored_events, riders)
         kept = self._kept
-        if kept.lock.acquire(blocking=False):  # the common case: this recorder's own connection is free
+        if kept is not None and kept.lock.acquire(blocking=False):  # the common case: the kept connection is free
             try:
                 self._append_kept(kept, statement, params, checked)
             finally:
                 kept.lock.release()
             return None
-        # Another thread is appending on the kept connection: one from the pool, directly rather
-        # than through ``datastore.get_connection()`` (two context managers and a no-op commit less;
-        # autocommit: the statement is its own transaction), errors translated as the library does.
+        # No kept connection, or another thread is appending on it: one from the pool, directly
+        # rather than through ``datastore.get_connection()`` (two context managers and a no-op
+        # commit less; autocommit: the statement is its own transaction), errors translated as
+        # the library does.
         pool = self.datastore.pool
         try:
             conn = pool.getconn()
@@ -274,13 +279,10 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         return None  # no notification ids: the ledger does not use them, so the library builds no Recordings
 
     def _append_kept(self, kept: _KeptConnection, statement: str, params: Sequence[Any], checked: str | None) -> None:
-        """The append on the kept connection; a connection that broke is given back and replaced next time."""
-        conn = kept.take()
+        """The append on the kept connection; one left broken or busy is replaced at the next append."""
         try:
-            self._append_on(conn, statement, params, checked)
-        except psycopg.Error as exc:
-            if conn.closed:
-                kept.give_back()
+            self._append_on(kept.take(), statement, params, checked)
+        except psycopg.Error as exc:  # the pool's errors too (no connection in time, a closed pool)
             raise _library_error(exc) from exc
 
     def _append_on(
@@ -310,14 +312,18 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
 
         The most common statement skips psycopg's query conversion and parameter dumping, about
         a tenth of a single append's client CPU: its parameters have fixed types (``_ONE_TYPES``)
-        and go as UTF-8 text, the envelope as binary. libpq's call releases the GIL while it
-        waits. Errors are raised as psycopg would raise them.
+        and go as UTF-8 text, the envelope as binary. libpq's own call waits for the answer, with
+        the GIL released. As with psycopg2's default, a Ctrl-C arriving meanwhile is raised when the
+        server has answered: psycopg's interruptible wait (``conn.wait``, which cancels the statement
+        on the server) cost a tenth of the append's client CPU (paired runs: 1.095). An append waits
+        on a run row only while another append to that run commits. Errors are raised as psycopg
+        would raise them.
         """
         prepared = getattr(conn, _ONE_PREPARED, None)
         if prepared is None:
             prepared = conn.info.encoding == "utf-8"
             if prepared:
-                _check_result(conn, conn.pgconn.prepare(_ONE_NAME, self.append_one_libpq, _ONE_TYPES))
+                self._prepare_one(conn)
             setattr(conn, _ONE_PREPARED, prepared)  # dies with the connection when it is dropped
         if not prepared:
             return None
@@ -325,9 +331,21 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         if b"\x00" in b"".join(filter(None, values)):  # libpq would cut the text there; psycopg refuses it
             return None
         values.append(params[-1])  # the envelope, binary
-        result = conn.pgconn.exec_prepared(_ONE_NAME, values, _ONE_FORMATS)  # type: ignore[arg-type]  # None: NULL
+        result = _run_one(conn, values)
+        if result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+            # psycopg sends DEALLOCATE ALL after a rollback on a connection with its own prepared
+            # statements, which drops this one too; the statement did not run, so run it again
+            self._prepare_one(conn)
+            result = _run_one(conn, values)
         _check_result(conn, result)
         return result.command_tuples or 0
+
+    def _prepare_one(self, conn: psycopg.Connection[Any]) -> None:
+        """Prepare the one-event append on ``conn``; one prepared already (a first time that was
+        interrupted before it was noted) is the same statement."""
+        result = conn.pgconn.prepare(_ONE_NAME, self.append_one_libpq, _ONE_TYPES)
+        if result.error_field(_SQLSTATE) != _PREPARED_ALREADY:
+            _check_result(conn, result)
 
     @staticmethod
     def _append_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
@@ -399,7 +417,8 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
 
     def close(self) -> None:
         """Give back the connection kept for appends; the datastore closes the pool."""
-        self._kept.close()
+        if self._kept is not None:
+            self._kept.close()
 
     def async_appends(self) -> AsyncAppends:
         """These appends from an event loop, on asyncio connections to the same database."""
@@ -549,13 +568,19 @@ class _KeptConnection:
         self._datastore = datastore
         self._conn: psycopg.Connection[Any] | None = None
         self._replace_at = 0.0
+        self._closed = False
 
     def take(self) -> psycopg.Connection[Any]:
-        """The connection (the caller holds ``lock``), checked out of the pool on first use."""
+        """The connection (the caller holds ``lock``), checked out of the pool on first use.
+
+        One that is not idle (broken, or left busy by an interrupt) or has been kept for the pool's
+        ``max_lifetime`` goes back to the pool, which closes it, and another is checked out.
+        """
         conn = self._conn
-        if conn is None or time.monotonic() >= self._replace_at:  # one that broke was given back already
-            if conn is not None:
-                self.give_back()
+        if conn is None or conn.pgconn.transaction_status != _IDLE or time.monotonic() >= self._replace_at:
+            self.give_back()
+            if self._closed:  # an append racing ``close``: no connection the pool would not close
+                raise psycopg.InterfaceError("the store is closed")
             pool = self._datastore.pool
             conn = self._conn = pool.getconn()
             self._replace_at = time.monotonic() + pool.max_lifetime
@@ -570,6 +595,7 @@ class _KeptConnection:
     def close(self) -> None:
         """Give the connection back before the pool closes: the pool closes only those it holds."""
         with self.lock:
+            self._closed = True
             self.give_back()
 
 
@@ -577,6 +603,10 @@ def _numbered(statement: str) -> str:
     """``statement`` with libpq's numbered placeholders (``$1``...) for psycopg's ``%s``."""
     parts = statement.split("%s")
     return "".join(part + f"${n}" for n, part in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+def _run_one(conn: psycopg.Connection[Any], values: list[bytes | None]) -> pq.abc.PGresult:
+    return conn.pgconn.exec_prepared(_ONE_NAME, values, _ONE_FORMATS)  # type: ignore[arg-type]  # None: NULL
 
 
 def _check_result(conn: psycopg.Connection[Any], result: Any) -> None:
@@ -600,6 +630,9 @@ _ONE_TYPES = (
     *(_TEXT, _BYTEA),
 )
 _ONE_FORMATS = (pq.Format.TEXT,) * (len(_ONE_TYPES) - 1) + (pq.Format.BINARY,)
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_IDLE = pq.TransactionStatus.IDLE
+_NO_SUCH_STATEMENT, _PREPARED_ALREADY = b"26000", b"42P05"
 
 
 class _RidersSlot(threading.local):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -166,11 +167,17 @@ def test_a_role_that_cannot_create_functions_is_told_to_run_store_init(ledgers: 
 
 
 def _other_backends(store: RawStore) -> int:
-    """How many connections to the store's database there are, besides the one asking."""
+    """How many client connections to the store's database there are, besides the one asking."""
     rows = store.query(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND backend_type = 'client backend'"
     )
     return int(rows[0][0])
+
+
+def _kept(ledger: RunLedger) -> Any:
+    """The ledger's connection kept for appends (white box: what psycopg or an interrupt can do to it)."""
+    return ledger.recorder._kept  # type: ignore[attr-defined]
 
 
 def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through_once(
@@ -184,7 +191,7 @@ def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through
     assert worker.submit(intent("op-1")).position == 3
     store.query(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
     )
 
     verdict = worker.submit(intent("op-2"))
@@ -233,3 +240,60 @@ def test_a_single_event_append_with_a_nul_in_a_text_is_refused_not_cut_short(
 
     assert store.event_count("run-0") == 3
     assert store.query("SELECT count(*) FROM baton_submissions WHERE submission_id LIKE ?", ("s-%",)) == [(0,)]
+
+
+def test_a_submission_while_another_thread_appends_on_the_kept_connection_goes_through_the_pool(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a ledger whose kept connection is in use (its lock held, as by another thread's
+    append), when a submission arrives, then it is appended on a pooled connection instead of
+    waiting: accepted at the next position, and the chain verifies."""
+    ledger = ledgers()
+    worker = leased_runs(ledger)["run-0"]
+    assert worker.submit(intent("op-1")).position == 3
+
+    with _kept(ledger).lock:
+        verdict = worker.submit(intent("op-2"))
+
+    assert (verdict.verdict, verdict.position) == ("accepted", 4)
+    assert ledger.verify(worker.run_id).events == store.event_count(worker.run_id) == 4
+
+
+@pytest.mark.parametrize("mishap", ["deallocated", "prepared_unnoted"])
+def test_the_one_event_append_survives_its_prepared_statement_dropped_or_prepared_unnoted(
+    ledgers: LedgerFactory, store: RawStore, mishap: str
+) -> None:
+    """Given a ledger that has appended once (the one-event statement prepared on its kept
+    connection), when the statement is dropped behind its back (psycopg sends DEALLOCATE ALL
+    after a rollback on a connection with its own prepared statements) or its preparation was
+    never noted (an interrupt between preparing and noting it), then the next intent is still
+    accepted at the next position and stored once."""
+    ledger = ledgers()
+    worker = leased_runs(ledger)["run-0"]
+    assert worker.submit(intent("op-1")).position == 3
+    conn = _kept(ledger).take()
+    if mishap == "deallocated":
+        conn.execute("DEALLOCATE ALL")
+    else:
+        del conn._baton_append_one_prepared
+
+    verdict = worker.submit(intent("op-2"))
+
+    assert (verdict.verdict, verdict.position) == ("accepted", 4)
+    assert ledger.verify(worker.run_id).events == store.event_count(worker.run_id) == 4
+
+
+def test_a_ledger_on_a_pool_of_one_keeps_no_connection_and_still_reads(store: RawStore) -> None:
+    """Given a ledger on a pool of at most one connection (``?pool_size=1&max_overflow=0``), when
+    it appends and then reads, then both go through: it keeps no connection for appends, which
+    would leave none for the reads."""
+    ledger = open_ledger(store.url + "&pool_size=1&max_overflow=0", clock=ManualClock())
+    try:
+        worker = leased_runs(ledger)["run-0"]
+        assert worker.submit(intent("op-1")).position == 3
+
+        assert ledger.state(worker.run_id).version == 3  # folds from the store: a read
+        assert ledger.verify(worker.run_id).events == 3
+        assert _kept(ledger) is None
+    finally:
+        ledger.close()
