@@ -559,8 +559,8 @@ class _KeptConnection:
     condition, statistics and return checks) was about a tenth of a single append's client CPU.
     The kept connection still counts against the pool's maximum. A thread that finds it in use
     appends on one from the pool instead, so threads never queue behind each other here. It is
-    given back and replaced when it breaks, and after the pool's ``max_lifetime``, as the pool
-    would replace it.
+    given back and replaced when it is not idle (broken, or left busy by an interrupt) and after
+    the pool's ``max_lifetime`` (counted from when it was kept), as the pool would replace it.
     """
 
     def __init__(self, datastore: PostgresDatastore) -> None:
