@@ -289,20 +289,18 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self, conn: psycopg.Connection[Any], statement: str, params: Sequence[Any], checked: str | None
     ) -> None:
         written = self._execute_one(conn, params) if statement is self.append_one_statement else None
-        if written == 1:
-            return
-        curs = self._append_cursor(conn)
-        if written == 0:
-            curs.execute(self.select_run_statement, (checked,), prepare=True)
-            raise fence_missed(str(checked), curs.fetchone())
-        try:
-            curs.execute(statement, params, prepare=True)
-        except pg_errors.UndefinedFunction as exc:
-            if checked is not None or "baton_append(" not in (exc.diag.message_primary or ""):
-                raise  # not this version's baton_append missing: a rider's, say
-            self._install_append_function(conn)  # a store made before this ``baton_append``
-            curs.execute(statement, params, prepare=True)
-        if checked is not None and curs.rowcount != 1:
+        if written is None:  # psycopg sends it
+            curs = self._append_cursor(conn)
+            try:
+                curs.execute(statement, params, prepare=True)
+            except pg_errors.UndefinedFunction as exc:
+                if checked is not None or "baton_append(" not in (exc.diag.message_primary or ""):
+                    raise  # not this version's baton_append missing: a rider's, say
+                self._install_append_function(conn)  # a store made before this ``baton_append``
+                curs.execute(statement, params, prepare=True)
+            written = curs.rowcount
+        if checked is not None and written != 1:  # the plain statement's compare-and-set missed
+            curs = self._append_cursor(conn)
             curs.execute(self.select_run_statement, (checked,), prepare=True)
             raise fence_missed(checked, curs.fetchone())
 
