@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, cast
 
 import msgspec
 from eventsourcing.application import Application
@@ -288,7 +288,7 @@ class RunLedger(Application[str]):
         if not isinstance(draft, _Draft):
             return draft
         try:
-            self.recorder.insert_events(draft.pending, fences=draft.fences, submissions=draft.rows)
+            self.recorder.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows)
         except BaseException as exc:
             return self._after_append_error(draft, exc, batch[0], all_or_nothing=all_or_nothing)
         return draft.verdicts
@@ -323,7 +323,7 @@ class RunLedger(Application[str]):
                     if type(recorded.body) is not IntentRecorded:
                         _own_operations(before[state.run_id], state)
                     apply(state, recorded)
-                    pending.append(StoredRunEvent(recorded, stored))
+                    pending.append(StoredRunEvent.of(recorded, stored))
                 rows.append(
                     SubmissionRow(submission.submission_id, state.run_id, submission_digest(submission), state.version)
                 )
@@ -368,7 +368,7 @@ class RunLedger(Application[str]):
             if not isinstance(draft, _Draft):
                 return None
             try:
-                await appends.insert_events(draft.pending, fences=draft.fences, submissions=draft.rows, riders=riders)
+                await appends.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, riders=riders)
             except PersistenceError:
                 self._roll_back(draft.before, draft.pending)
                 return None
@@ -464,6 +464,11 @@ class _Draft(NamedTuple):
     fences: list[Fence]
     rows: list[SubmissionRow]
     verdicts: list[Verdict]
+
+    @property
+    def stored(self) -> Sequence[StoredEvent]:
+        """``pending`` as a recorder takes it: each has the four fields of a ``StoredEvent`` it reads."""
+        return cast("Sequence[StoredEvent]", self.pending)
 
 
 def _undo_point(state: RunState) -> RunState:
