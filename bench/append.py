@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/append.py` puts bench/ first, not the project root
@@ -93,6 +93,7 @@ class Sample:
     latencies: list[float] = field(default_factory=list)
     cpu: float = 0.0
     machine_busy: list[float] = field(default_factory=list)  # share of all CPUs busy, per window
+    machine_steal: list[float] = field(default_factory=list)  # share of all CPUs stolen by the host, per window
 
     def add(self, other: Sample) -> None:
         self.events += other.events
@@ -100,6 +101,7 @@ class Sample:
         self.latencies += other.latencies
         self.cpu += other.cpu
         self.machine_busy += other.machine_busy
+        self.machine_steal += other.machine_steal
 
     @property
     def rate(self) -> float:
@@ -116,16 +118,33 @@ class Sample:
         return self.cpu / self.events * 1e6 if self.events else float("nan")
 
 
-def machine_cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs: how saturated the box was while we measured."""
+class CpuTicks(NamedTuple):
+    """Jiffies over all CPUs from ``/proc/stat``: busy (steal included), stolen, and in all."""
+
+    busy: int
+    steal: int
+    total: int
+
+
+def machine_cpu_ticks() -> CpuTicks:
+    """How saturated the box was while we measured, and how much of it the hypervisor took.
+
+    Steal is time this VM's CPUs were ready to run but the host ran another VM instead: a tail
+    latency in a window with steal is the host's, and both sides of a run share it.
+    """
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+    return CpuTicks(sum(fields) - idle, fields[7], sum(fields))
 
 
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    total = after[1] - before[1]
-    return (after[0] - before[0]) / total if total else float("nan")
+def busy_share(before: CpuTicks, after: CpuTicks) -> float:
+    total = after.total - before.total
+    return (after.busy - before.busy) / total if total else float("nan")
+
+
+def steal_share(before: CpuTicks, after: CpuTicks) -> float:
+    total = after.total - before.total
+    return (after.steal - before.steal) / total if total else float("nan")
 
 
 class Appender(Protocol):
@@ -148,7 +167,10 @@ def time_ops(make: Callable[[], Any], run: Callable[[Any], None], count: int, ev
         latencies.append(time.perf_counter() - start)
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    return Sample(count * events_per_op, seconds, latencies, cpu, [busy_share(busy0, machine_cpu_ticks())])
+    ticks = machine_cpu_ticks()
+    return Sample(
+        count * events_per_op, seconds, latencies, cpu, [busy_share(busy0, ticks)], [steal_share(busy0, ticks)]
+    )
 
 
 def time_singles(appender: Appender, count: int) -> Sample:
@@ -728,12 +750,13 @@ class WriterPool:
             if not pipe.poll(BARRIER_TIMEOUT + duration + 60):
                 raise RuntimeError(f"a {variant} writer did not answer")
             replies.append(pipe.recv())
-        busy = busy_share(busy0, machine_cpu_ticks())  # includes set-up; dominated by the timed window
+        ticks = machine_cpu_ticks()  # includes set-up; dominated by the timed window
         errors = [r[1] for r in replies if r[0] != "ok"]
         if errors:
             raise RuntimeError(f"{variant} writer failed:\n" + errors[0])
         start, end = min(r[2] for r in replies), max(r[3] for r in replies)
-        sample = Sample(sum(r[1] for r in replies), end - start, [], sum(r[5] for r in replies), [busy])
+        busy, steal = [busy_share(busy0, ticks)], [steal_share(busy0, ticks)]
+        sample = Sample(sum(r[1] for r in replies), end - start, [], sum(r[5] for r in replies), busy, steal)
         for r in replies:
             sample.latencies += r[4]
         return sample
@@ -964,17 +987,23 @@ def table(rows: list[Row]) -> str:
 
 def cpu_table(rows: list[Row]) -> str:
     lines = [
-        "| scenario | backend | client CPU us/event Baton | raw | events Baton / raw | machine CPU busy Baton / raw |",
-        "|---|---|---:|---:|---:|---:|",
+        "| scenario | backend | client CPU us/event Baton | raw | events Baton / raw | machine CPU busy Baton / raw "
+        "| stolen by the host Baton / raw |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         busy_b = max(r.baton.machine_busy, default=float("nan"))
         busy_r = max(r.raw.machine_busy, default=float("nan"))
         lines.append(
             f"| {r.scenario} | {r.backend} | {r.baton.cpu_us_per_event:.0f} | {r.raw.cpu_us_per_event:.0f} "
-            f"| {r.baton.events:,} / {r.raw.events:,} | {busy_b:.0%} / {busy_r:.0%} |"
+            f"| {r.baton.events:,} / {r.raw.events:,} | {busy_b:.0%} / {busy_r:.0%} "
+            f"| {_mean(r.baton.machine_steal):.1%} / {_mean(r.raw.machine_steal):.1%} |"
         )
     return "\n".join(lines)
+
+
+def _mean(shares: list[float]) -> float:
+    return sum(shares) / len(shares) if shares else float("nan")
 
 
 def _overrun(signum: int, frame: Any) -> None:
@@ -1059,6 +1088,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "p99_ms": s.pct_ms(0.99),
                                     "cpu_us_per_event": s.cpu_us_per_event,
                                     "machine_busy": s.machine_busy,
+                                    "machine_steal": s.machine_steal,
                                 }.items()
                             },
                         }
