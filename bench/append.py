@@ -159,7 +159,7 @@ class Appender(Protocol):
 
 def time_ops(make: Callable[[], Any], run: Callable[[Any], None], count: int, events_per_op: int) -> Sample:
     latencies: list[float] = []
-    busy0, cpu0, t0 = machine_cpu_ticks(), time.process_time(), time.perf_counter()
+    ticks0, cpu0, t0 = machine_cpu_ticks(), time.process_time(), time.perf_counter()
     for _ in range(count):
         item = make()
         start = time.perf_counter()
@@ -169,7 +169,7 @@ def time_ops(make: Callable[[], Any], run: Callable[[Any], None], count: int, ev
     cpu = time.process_time() - cpu0
     ticks = machine_cpu_ticks()
     return Sample(
-        count * events_per_op, seconds, latencies, cpu, [busy_share(busy0, ticks)], [steal_share(busy0, ticks)]
+        count * events_per_op, seconds, latencies, cpu, [busy_share(ticks0, ticks)], [steal_share(ticks0, ticks)]
     )
 
 
@@ -744,7 +744,7 @@ class WriterPool:
         self.barrier.reset()
         for pipe in self.pipes:
             pipe.send((target, variant, duration, warmup))
-        busy0 = machine_cpu_ticks()
+        ticks0 = machine_cpu_ticks()
         replies = []
         for pipe in self.pipes:
             if not pipe.poll(BARRIER_TIMEOUT + duration + 60):
@@ -755,7 +755,7 @@ class WriterPool:
         if errors:
             raise RuntimeError(f"{variant} writer failed:\n" + errors[0])
         start, end = min(r[2] for r in replies), max(r[3] for r in replies)
-        busy, steal = [busy_share(busy0, ticks)], [steal_share(busy0, ticks)]
+        busy, steal = [busy_share(ticks0, ticks)], [steal_share(ticks0, ticks)]
         sample = Sample(sum(r[1] for r in replies), end - start, [], sum(r[5] for r in replies), busy, steal)
         for r in replies:
             sample.latencies += r[4]

@@ -32,10 +32,11 @@ class StoredRunEvent(msgspec.Struct, frozen=True, gc=False):
     each would be mapped to a second, frozen ``StoredEvent`` (2.6 µs an event, 3% of a 1000-event
     batch); this one has the four fields the recorders read, and the envelope it was sealed from.
 
-    It is a Struct the cycle collector never tracks, where a ``StoredEvent`` subclass was tracked:
-    a batch's drafts live through the batch, and 1000 tracked objects surviving each batch brought
-    a full collection of the whole heap every dozen batches (about 4 µs an event, amortised).
-    Every field is a string, an int, bytes or an untracked envelope, so it can be in no cycle.
+    It is a Struct, built in C (0.3 µs, against 1 µs for the ``StoredEvent`` subclass it was), that
+    the cycle collector never tracks. A batch's events live until the batch is written: tracked,
+    every young collection meanwhile walked them and moved them on, until a full collection walked
+    the whole heap (35-50 ms). Every field is a string, an int, bytes or an untracked envelope, so
+    it can be in no cycle.
     """
 
     originator_id: str
