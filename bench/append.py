@@ -137,14 +137,12 @@ def machine_cpu_ticks() -> CpuTicks:
     return CpuTicks(sum(fields) - idle, fields[7], sum(fields))
 
 
-def busy_share(before: CpuTicks, after: CpuTicks) -> float:
+def cpu_shares(before: CpuTicks, after: CpuTicks) -> tuple[float, float]:
+    """The shares of all CPU time between two readings that was busy and that was stolen."""
     total = after.total - before.total
-    return (after.busy - before.busy) / total if total else float("nan")
-
-
-def steal_share(before: CpuTicks, after: CpuTicks) -> float:
-    total = after.total - before.total
-    return (after.steal - before.steal) / total if total else float("nan")
+    if not total:
+        return float("nan"), float("nan")
+    return (after.busy - before.busy) / total, (after.steal - before.steal) / total
 
 
 class Appender(Protocol):
@@ -167,10 +165,8 @@ def time_ops(make: Callable[[], Any], run: Callable[[Any], None], count: int, ev
         latencies.append(time.perf_counter() - start)
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    ticks = machine_cpu_ticks()
-    return Sample(
-        count * events_per_op, seconds, latencies, cpu, [busy_share(ticks0, ticks)], [steal_share(ticks0, ticks)]
-    )
+    busy, steal = cpu_shares(ticks0, machine_cpu_ticks())
+    return Sample(count * events_per_op, seconds, latencies, cpu, [busy], [steal])
 
 
 def time_singles(appender: Appender, count: int) -> Sample:
@@ -750,13 +746,12 @@ class WriterPool:
             if not pipe.poll(BARRIER_TIMEOUT + duration + 60):
                 raise RuntimeError(f"a {variant} writer did not answer")
             replies.append(pipe.recv())
-        ticks = machine_cpu_ticks()  # includes set-up; dominated by the timed window
+        busy, steal = cpu_shares(ticks0, machine_cpu_ticks())  # includes set-up; dominated by the timed window
         errors = [r[1] for r in replies if r[0] != "ok"]
         if errors:
             raise RuntimeError(f"{variant} writer failed:\n" + errors[0])
         start, end = min(r[2] for r in replies), max(r[3] for r in replies)
-        busy, steal = [busy_share(ticks0, ticks)], [steal_share(ticks0, ticks)]
-        sample = Sample(sum(r[1] for r in replies), end - start, [], sum(r[5] for r in replies), busy, steal)
+        sample = Sample(sum(r[1] for r in replies), end - start, [], sum(r[5] for r in replies), [busy], [steal])
         for r in replies:
             sample.latencies += r[4]
         return sample
