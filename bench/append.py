@@ -784,7 +784,7 @@ class Plan:
 # tail and CPU speed change), and short alternating rounds spread both sides over the same phases.
 # Six 1000-event batches a round: with one, a side's figure rested on twelve batches (under a
 # second), and a phase that caught two of them moved the ratio by a few hundredths; with three (until
-# 2026-11-30 14:30) the SQLite ratio still spread over 0.50-0.60 between runs of the same code, while
+# 2026-11-30 14:11) the SQLite ratio still spread over 0.50-0.60 between runs of the same code, while
 # one process's batch time went from 40 to 77 ms between blocks of five (the VM's speed changes in
 # phases of seconds). The 8-writer cells: four rounds of 2 s rather than two of 4 s, raw and Baton
 # swapping places every round.

@@ -134,7 +134,7 @@ def seal_stored(
             # every member but the digest, unclosed: hashed with the canonical ending, stored with the digest's
             members = b"".join(
                 (
-                    _BODY_MEMBER, body_bytes, before_position, b"%d" % position,
+                    _FIRST_MEMBER, body_bytes, before_position, b"%d" % position,
                     before_prev, _strings.encode(prev), before_sid, sid, after_sid,
                 )
             )  # fmt: skip
@@ -151,7 +151,7 @@ def seal_stored(
 
 def _members_template(run_id: object, worker: object, epoch: object, now: object) -> _Template | None:
     """The envelope's members but the digest, unclosed, as the texts between the body, position, previous
-    digest and submission id (after ``_BODY_MEMBER``), or None unless every field has its exact type.
+    digest and submission id (after ``_FIRST_MEMBER``), or None unless every field has its exact type.
     Joined with those, not formatted: ``bytes %`` parses its template on every call. A batch's events
     share run, worker, epoch and time: the last template is kept.
     """
@@ -172,7 +172,6 @@ def _members_template(run_id: object, worker: object, epoch: object, now: object
 
 
 _Template = tuple[bytes, bytes, bytes, bytes]
-_BODY_MEMBER = _FIRST_MEMBER
 _last_template: list[tuple[tuple[object, ...], _Template]] = [((), (b"", b"", b"", b""))]
 
 
