@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 import psycopg
@@ -141,11 +141,19 @@ class LocalPostgres:
 
     def create_database(self, name: str) -> str:
         """Drop ``name`` if present (kicking its sessions), recreate, return its URL."""
-        ident = sql.Identifier(name)
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
-            conn.execute(sql.SQL("create database {}").format(ident))
+            _drop(conn, name)
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
         return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name`` if present, kicking its sessions.
+
+        Worth doing for every database a test session makes: the server's shutdown checkpoint
+        flushes the dirty pages of every database left, which took over a minute on a busy disk.
+        """
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            _drop(conn, name)
 
     def warm_wal(self, megabytes: int) -> int:
         """Write ``megabytes`` of WAL and checkpoint, so later commits reuse recycled WAL segments, as a
@@ -341,3 +349,7 @@ def _binary(name: str, hint: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} not found: {hint}")
     return found
+
+
+def _drop(conn: psycopg.Connection[Any], name: str) -> None:
+    conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))

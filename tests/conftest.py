@@ -37,7 +37,9 @@ def postgres_server() -> Iterator[LocalPostgres]:
 
 
 @pytest.fixture
-def postgres_url(postgres_server: LocalPostgres, request: pytest.FixtureRequest) -> str:
-    """URL of a brand-new database, unique to this test (name shows the test for debug)."""
+def postgres_url(postgres_server: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a brand-new database, unique to this test (name shows the test for debug), dropped after it."""
     stem = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
-    return postgres_server.create_database(f"t_{stem}_{uuid.uuid4().hex[:12]}")
+    name = f"t_{stem}_{uuid.uuid4().hex[:12]}"
+    yield postgres_server.create_database(name)
+    postgres_server.drop_database(name)

@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
-from urllib.parse import unquote, urlsplit
 
 import nats
-import psycopg
 import pytest
 from nats.js.errors import NotFoundError
-from psycopg import sql
 
 from adapters.bootstrap import init_store
-from adapters.local_servers import LocalNats, LocalPostgres, LocalTansu
+from adapters.local_servers import LocalNats, LocalTansu
 
 __all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]
 
@@ -73,10 +70,7 @@ def nats_url(nats_server: LocalNats) -> str:
 
 
 @pytest.fixture
-def bus_store_url(postgres_server: LocalPostgres, postgres_url: str) -> Iterator[str]:
-    """A fresh, initialised PostgreSQL store for one bus test; dropped afterwards."""
+def bus_store_url(postgres_url: str) -> str:
+    """A fresh, initialised PostgreSQL store for one bus test (``postgres_url`` drops it afterwards)."""
     init_store(postgres_url)
-    yield postgres_url
-    name = unquote(urlsplit(postgres_url).path.lstrip("/"))
-    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    return postgres_url

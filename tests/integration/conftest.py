@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-import psycopg
 import pytest
 from bus_fixtures import bus_store_url, nats_server, nats_url, tansu_server
 from integration_support import LedgerFactory, RawStore
-from psycopg import sql
 
 from adapters.bootstrap import init_store, open_ledger
 from adapters.clock import Clock, ManualClock
 from adapters.eventstore import RunLedger
-from adapters.local_servers import LocalPostgres
 
 __all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]  # the bus fixtures, registered here
 
@@ -31,14 +27,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'baton.db'}"  # tmp_path is absolute: sqlite:////...
         return
-    url: str = request.getfixturevalue("postgres_url")
-    yield url
-    # Drop the test's database: otherwise the server's shutdown checkpoint must flush the dirty
-    # pages of every database the session created, which took over a minute on a busy disk.
-    server: LocalPostgres = request.getfixturevalue("postgres_server")
-    name = unquote(urlsplit(url).path.lstrip("/"))
-    with psycopg.connect(server.dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    yield request.getfixturevalue("postgres_url")  # a fresh database, dropped after the test
 
 
 @pytest.fixture

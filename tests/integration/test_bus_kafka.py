@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, submission
-from psycopg import sql
 
 from adapters.bootstrap import init_store, open_ledger
 from adapters.bus import KafkaBus
@@ -60,8 +58,7 @@ def kafka_service(tansu_server: LocalTansu, postgres_server: LocalPostgres) -> I
         finally:
             loop.close()
             ledger.close()
-            with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            postgres_server.drop_database(name)
 
 
 @dataclass
@@ -84,7 +81,11 @@ class Worker:
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS
         )
         await self.producer.start()
-        await self.consumer.start()
+        try:
+            await self.consumer.start()
+        except BaseException:
+            await self.producer.stop()
+            raise
         self.consumer.assign([TopicPartition(self.reply_topic, 0)])
         await self.consumer.seek_to_beginning()
         return self
@@ -181,6 +182,7 @@ def test_bad_input_over_kafka_gets_a_rejection_with_its_reason_and_nothing_is_st
         for name, (raw, reason) in bad.items():
             verdict = await worker.request(raw, key=run_id)
             assert (verdict.verdict, verdict.reason) == ("rejected", reason), name
+            assert "sk-live" not in str(verdict.message), name  # the secret is never echoed
         assert (await worker.request(open_run(run_id), key=run_id)).verdict == "accepted"
 
     run(kafka_service, scenario)

@@ -74,8 +74,10 @@ class Serve:
 
 @pytest.fixture
 def two_services(bus_store_url: str, nats_url: str) -> Iterator[list[Serve]]:
-    services = [Serve(nats_url, bus_store_url) for _ in range(2)]
+    services: list[Serve] = []
     try:
+        for _ in range(2):
+            services.append(Serve(nats_url, bus_store_url))
         for service in services:
             service.wait_ready()
         yield services

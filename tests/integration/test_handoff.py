@@ -154,13 +154,11 @@ def test_every_lost_acknowledgement_is_resolved_by_reading_the_store(ledger: Run
     second = handoff.accept(ledger, prepared.document, prepared.digest)
     assert (first.verdict, second.verdict, second.position) == ("accepted", "duplicate", first.position)
 
-    destination = Worker(ledger, "w2")
     context = IntentContext(1, "commit", effect="write")
     intent = Submission("w2-first", RUN, "w2", RecordIntent("op-c", "effect", "git@1", context, "k"), 2)
     assert [ledger.submit(intent).verdict for _ in range(2)] == ["accepted", "duplicate"]
     status = handoff.status(ledger, RUN)
     assert (status.accepted, status.pending, status.holder, status.epoch) == (prepared.digest, None, "w2", 2)
-    assert destination.name == status.holder
 
 
 def test_a_run_with_an_uncertain_effect_or_unsealed_work_cannot_move(ledger: RunLedger) -> None:

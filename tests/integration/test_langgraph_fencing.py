@@ -171,12 +171,11 @@ async def _alist(saver: Any) -> list[Any]:
     return [t async for t in saver.alist(generate_config(THREAD))]
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # SQLite has no asyncio append
 def test_a_committed_async_put_whose_reply_is_lost_is_not_appended_again(store_url: str) -> None:
     """Given an async put that commits but whose reply is lost, and a lease that expires before the fallback,
     when the saver falls back (taking the lease again, at a new epoch), then it finds the committed try and
     the checkpoint is in the log once."""
-    if not store_url.startswith("postgresql"):
-        pytest.skip("SQLite has no asyncio append")
     init_store(store_url)
     clock = ManualClock()
     a = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS, clock=clock)

@@ -16,12 +16,15 @@ def test_server_accepts_connections(postgres_server: LocalPostgres) -> None:
 
 def test_databases_are_independent(postgres_server: LocalPostgres, postgres_url: str) -> None:
     other_url = postgres_server.create_database("t_independence_other")
-    assert other_url != postgres_url
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("create table only_here (id int primary key)")
-        assert conn.execute("select to_regclass('only_here')").fetchone() == ("only_here",)
-    with psycopg.connect(other_url) as conn:
-        assert conn.execute("select to_regclass('only_here')").fetchone() == (None,)
+    try:
+        assert other_url != postgres_url
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("create table only_here (id int primary key)")
+            assert conn.execute("select to_regclass('only_here')").fetchone() == ("only_here",)
+        with psycopg.connect(other_url) as conn:
+            assert conn.execute("select to_regclass('only_here')").fetchone() == (None,)
+    finally:
+        postgres_server.drop_database("t_independence_other")
 
 
 def test_warm_wal_leaves_recycled_segments_ahead_and_no_table(postgres_server: LocalPostgres) -> None:

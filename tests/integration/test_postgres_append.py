@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -49,6 +50,9 @@ def test_a_store_without_this_baton_append_gets_it_at_the_first_batch(ledgers: L
         ledger.verify(run_id)
 
 
+SLEEPING_HERE = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()"
+
+
 def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_deadlock(
     ledgers: LedgerFactory, store: RawStore
 ) -> None:
@@ -87,26 +91,44 @@ def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_
     }
     outcomes: dict[str, str] = {}
 
-    def append(name: str, delay: float) -> None:
+    def t1_sleeps_in_the_trigger() -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if store.query(SLEEPING_HERE) == [(1,)]:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def append(name: str, start_when: Callable[[], bool]) -> None:
         fences, keys = appends[name]
         rows = [SubmissionRow(sid, run_id, "sha256:c", position) for sid, run_id, position in keys]
         events = [StoredEvent(run_id, position, "domain.events:X", b"{}") for _, run_id, position in keys]
         statement, params, _ = ledger.recorder.append_query(fences, rows, events)  # type: ignore[attr-defined]
-        time.sleep(delay)
+        if not start_when():
+            outcomes[name] = "never started"
+            return
         try:
             with psycopg.connect(store.url, autocommit=True) as conn:
                 conn.execute(statement, params)
             outcomes[name] = "committed"
         except psycopg.Error as exc:
-            outcomes[name] = f"{exc.sqlstate} {exc.diag.constraint_name}"
+            outcomes[name] = f"{exc.sqlstate} {exc.diag.constraint_name} {exc.diag.message_detail}"
 
-    threads = [threading.Thread(target=append, args=("T1", 0)), threading.Thread(target=append, args=("T2", 0.2))]
+    threads = [
+        threading.Thread(target=append, args=("T1", lambda: True)),
+        threading.Thread(target=append, args=("T2", t1_sleeps_in_the_trigger)),  # T1 holds k1 by then
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
 
-    assert outcomes == {"T1": "23505 baton_runs_pkey", "T2": "committed"}  # 40P01 would be a deadlock
+    # T1 failed on run-1's key, as it reached it (not on k1's, which T2 would have had to commit
+    # first); 40P01 would be a deadlock
+    assert outcomes == {
+        "T1": "23505 baton_runs_pkey Key (run_id)=(run-1) already exists.",
+        "T2": "committed",
+    }
     assert store.query("SELECT holder FROM baton_runs WHERE run_id = 'k1'") == [("w2",)]
 
 

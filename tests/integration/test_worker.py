@@ -7,6 +7,7 @@ without calling the outside world.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,17 +74,16 @@ def test_in_process_worker_records_hands_off_and_is_fenced(ledger: RunLedger) ->
 
 def test_worker_over_nats_behaves_exactly_like_in_process(bus_store_url: str, nats_url: str) -> None:
     """Over NATS request-reply to a real bus service on PostgreSQL: the same story, the same errors."""
-    loop = BackgroundLoop()
-    service_ledger = open_ledger(bus_store_url)
-    bus = NatsBus(service_ledger, nats_url)
-    reader = open_ledger(bus_store_url)
-    loop.run(bus.__aenter__())
-    transport = NatsTransport(nats_url)
-    try:
+    with contextlib.ExitStack() as cleanup:  # whatever started is stopped, also when a later start fails
+        loop = BackgroundLoop()
+        cleanup.callback(loop.close)
+        service_ledger = open_ledger(bus_store_url)
+        cleanup.callback(service_ledger.close)
+        reader = open_ledger(bus_store_url)
+        cleanup.callback(reader.close)
+        bus = NatsBus(service_ledger, nats_url)
+        loop.run(bus.__aenter__())
+        cleanup.callback(lambda: loop.run(bus.__aexit__(None, None, None)))
+        transport = NatsTransport(nats_url)
+        cleanup.callback(transport.close)
         story(reader, transport)
-    finally:
-        transport.close()
-        loop.run(bus.__aexit__(None, None, None))
-        loop.close()
-        reader.close()
-        service_ledger.close()

@@ -14,18 +14,21 @@ from domain.events import RecordedEvent
 
 
 class FakeLedger:
-    """Accepts everything; ``gate`` holds the first batch until the test opens it."""
+    """Accepts everything; ``gate`` holds the first batch until the test opens it, and ``entered`` says
+    that a batch has reached the ledger."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()
         self.fail = False
 
     def submit(self, submission: Submission) -> Verdict:
         return self.submit_many([submission])[0]
 
     def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        self.entered.set()
         self.gate.wait(10)
         if self.fail:
             raise RuntimeError("the store broke")
@@ -61,8 +64,9 @@ async def holding_a_batch(ledger: FakeLedger, answers: Recorder) -> SubmissionSe
     service = SubmissionService(ledger)
     await service.start()
     ledger.gate.clear()
+    ledger.entered.clear()
     service.enqueue(release("s0"), answers, "t0")
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(ledger.entered.wait, 10), "the first batch never reached the ledger"
     return service
 
 

@@ -176,6 +176,13 @@ KAT_ENVELOPE_BYTES = (
     b'"recorded_at":"1732867200000000","run_id":"run-kat","submission_id":"sub-0001","worker":"worker-kat"}\n'
 )
 KAT_DIGEST = "sha256:250908b2851c897d8d60f7de013e3787655475c09ce9dc1c47fb10dffee634e4"
+KAT_SECOND_ENVELOPE_BYTES = (
+    b'{"body":{"epoch":"1","expires_at":"1732867230000000","placement":{"capabilities":[],"model":"m",'
+    b'"provider":"","region":"","tool_contracts":["shell@1"],"worker":"worker-kat"},"type":"LeaseGranted",'
+    b'"worker":"worker-kat"},"epoch":"1","position":"2","prev_digest":'
+    b'"sha256:250908b2851c897d8d60f7de013e3787655475c09ce9dc1c47fb10dffee634e4",'
+    b'"recorded_at":"1732867200000001","run_id":"run-kat","submission_id":"sub-0002","worker":"worker-kat"}\n'
+)
 KAT_SECOND_DIGEST = "sha256:bee5861875544c931da544da1b7783486f0a875734922b222ba45753cd68aaa8"
 
 
@@ -208,8 +215,13 @@ def test_a_second_event_chains_to_the_pinned_first_digest() -> None:
 
     (second,) = seal("run-kat", 1, first.digest, submission, 1, [grant], KAT_RECORDED_AT + 1)
 
+    envelope = msgspec.to_builtins(second)
+    del envelope["digest"]
     assert second.prev_digest == KAT_DIGEST
+    assert canonical_bytes(envelope) == KAT_SECOND_ENVELOPE_BYTES
     assert second.digest == KAT_SECOND_DIGEST
+    recomputed = hashlib.sha256(b"baton.event.v1\x00" + KAT_SECOND_ENVELOPE_BYTES).hexdigest()
+    assert "sha256:" + recomputed == KAT_SECOND_DIGEST
     report = verify_chain([msgspec.json.encode(first), msgspec.json.encode(second)], run_id="run-kat")
     assert (report.events, report.head_digest) == (2, second.digest)
 

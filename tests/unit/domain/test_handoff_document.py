@@ -581,7 +581,7 @@ def documents(draw: st.DrawFn) -> HandoffDocument:
     return doc
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(documents())
 def test_every_document_round_trips_byte_for_byte(doc: HandoffDocument) -> None:
     """For any valid document, decode(encode(doc)) == doc and the bytes re-encode identically."""
@@ -592,7 +592,7 @@ def test_every_document_round_trips_byte_for_byte(doc: HandoffDocument) -> None:
     assert data.endswith(b"}\n") and not data.endswith(b"\n\n")
 
 
-@settings(max_examples=200)
+@settings(deadline=None, max_examples=200)
 @given(st.integers(0, len(KAT_BYTES) - 1), st.integers(0, 255))
 def test_no_single_byte_change_verifies_against_the_trusted_digest(index: int, byte: int) -> None:
     """Any one-byte change of the pinned document is refused by verify_document with the pinned digest."""

