@@ -186,6 +186,15 @@ KAT_SECOND_ENVELOPE_BYTES = (
 KAT_SECOND_DIGEST = "sha256:bee5861875544c931da544da1b7783486f0a875734922b222ba45753cd68aaa8"
 
 
+def assert_pinned(recorded: RecordedEvent, envelope_bytes: bytes, digest: str) -> None:
+    """The envelope's canonical bytes and digest are the pinned ones, and the two pins vouch for each other."""
+    envelope = msgspec.to_builtins(recorded)
+    del envelope["digest"]
+    assert canonical_bytes(envelope) == envelope_bytes
+    assert recorded.digest == digest
+    assert "sha256:" + hashlib.sha256(b"baton.event.v1\x00" + envelope_bytes).hexdigest() == digest
+
+
 def _sealed_run_opened() -> list[RecordedEvent]:
     submission = Submission(
         "sub-0001", "run-kat", "worker-kat", OpenRun("rel-2024.11", "agent-state", 3, KAT_TASK, KAT_CEILINGS)
@@ -198,12 +207,8 @@ def test_sealed_run_opened_at_position_one_has_the_pinned_digest() -> None:
     """A RunOpened sealed at position 1 after the zero digest has exactly the pinned envelope bytes and digest."""
     (recorded,) = _sealed_run_opened()
 
-    envelope = msgspec.to_builtins(recorded)
-    del envelope["digest"]
     assert (recorded.position, recorded.prev_digest) == (1, ZERO_DIGEST)
-    assert canonical_bytes(envelope) == KAT_ENVELOPE_BYTES
-    assert recorded.digest == KAT_DIGEST
-    assert "sha256:" + hashlib.sha256(b"baton.event.v1\x00" + KAT_ENVELOPE_BYTES).hexdigest() == KAT_DIGEST
+    assert_pinned(recorded, KAT_ENVELOPE_BYTES, KAT_DIGEST)
 
 
 def test_a_second_event_chains_to_the_pinned_first_digest() -> None:
@@ -215,13 +220,8 @@ def test_a_second_event_chains_to_the_pinned_first_digest() -> None:
 
     (second,) = seal("run-kat", 1, first.digest, submission, 1, [grant], KAT_RECORDED_AT + 1)
 
-    envelope = msgspec.to_builtins(second)
-    del envelope["digest"]
     assert second.prev_digest == KAT_DIGEST
-    assert canonical_bytes(envelope) == KAT_SECOND_ENVELOPE_BYTES
-    assert second.digest == KAT_SECOND_DIGEST
-    recomputed = hashlib.sha256(b"baton.event.v1\x00" + KAT_SECOND_ENVELOPE_BYTES).hexdigest()
-    assert "sha256:" + recomputed == KAT_SECOND_DIGEST
+    assert_pinned(second, KAT_SECOND_ENVELOPE_BYTES, KAT_SECOND_DIGEST)
     report = verify_chain([msgspec.json.encode(first), msgspec.json.encode(second)], run_id="run-kat")
     assert (report.events, report.head_digest) == (2, second.digest)
 
