@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from eventsourcing.persistence import OperationalError
@@ -414,6 +415,42 @@ def test_same_id_with_an_integer_turned_string_is_a_conflict(ledgers: LedgerFact
     verdict = worker.submit(intent("op-1", n="1"), sid="typed")
 
     assert (verdict.verdict, verdict.reason) == ("rejected", "submission_conflict")
+
+
+def test_same_id_with_its_dicts_built_in_another_order_is_a_duplicate(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given an accepted intent with arguments a=1, b=2, when retried with them built as b=2, a=1, then
+    duplicate at its position: the content is the same."""
+    ledger = ledgers()
+    worker = leased_run(ledger)
+    assert worker.submit(intent("op-1", a=1, b=2), sid="ordered").position == 3
+
+    verdict = worker.submit(intent("op-1", b=2, a=1), sid="ordered")
+
+    assert (verdict.verdict, verdict.position) == ("duplicate", 3)
+
+
+def test_a_row_written_in_the_first_digest_form_still_tells_a_retry_from_a_conflict(
+    ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a submission recorded by an earlier build (its row holds the first form of the content
+    digest), when it is retried, then duplicate; when its id is reused for other content, then conflict."""
+    ledger = ledgers()
+    worker = leased_run(ledger)
+    original = worker.submission(intent("op-1", n=1))
+    with monkeypatch.context() as earlier_build:
+        earlier_build.setattr(ledger_module, "submission_digest", lambda s, _=None: ledger_module._first_form_digest(s))
+        assert ledger.submit(original).position == 3
+    [(stored_digest,)] = store.query(
+        "SELECT content_digest FROM baton_submissions WHERE submission_id = ?", (original.submission_id,)
+    )
+    assert stored_digest == ledger_module._first_form_digest(original) != ledger_module.submission_digest(original)
+
+    retried = ledgers().submit(original)
+    reused = ledgers().submit(msgspec.structs.replace(original, command=intent("op-1", n="1")))
+
+    assert (retried.verdict, retried.position) == ("duplicate", 3)
+    assert (reused.verdict, reused.reason) == ("rejected", "submission_conflict")
+    assert positions(ledger, RUN) == [1, 2, 3]
 
 
 def fail_next_append(monkeypatch: pytest.MonkeyPatch, ledger: RunLedger) -> None:

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain import errors
-from domain.decide import MAX_ID_LENGTH, _check_bounds, _lists_surely_short, _strings_surely_within_bounds
+from domain.credentials import MAX_DEPTH, within_prefilter_bounds
+from domain.decide import (
+    MAX_ID_LENGTH,
+    _check_bounds,
+    _each_surely_bounded,
+    _lists_surely_short,
+    _strings_surely_within_bounds,
+)
 
 LONG = st.integers(190, 210).map(lambda n: "x" * n)
 TEXT = st.one_of(st.text(max_size=8), LONG, st.just('q"uote\\'), st.just("é" * 150))
@@ -64,3 +71,31 @@ def test_short_texts_are_cleared_by_their_length_where_the_search_would_flag_the
     assert _strings_surely_within_bounds(joined, longest=longest)
     for text in (first, second):
         _check_bounds(msgspec.json.decode(text), "command")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.dictionaries(KEYS, VALUES, max_size=5), min_size=1, max_size=6))
+def test_the_batch_count_agrees_with_each_text_counted_alone(batch: list[dict[str, Any]]) -> None:
+    """Given JSON texts joined by newlines, when the commas and the brackets are counted per text in
+    one pass over the join, then the verdict is that of counting each text on its own."""
+    texts = [msgspec.json.encode(plain) for plain in batch]
+    alone = all(_lists_surely_short(text) and within_prefilter_bounds(text) for text in texts)
+
+    assert _each_surely_bounded(b"\n".join(texts), max(map(len, texts))) == alone
+
+
+def test_a_text_nested_to_the_limit_fails_the_batch_count_as_it_fails_alone() -> None:
+    """Given one text nested to the depth limit among shallow ones, when counted together, then the batch
+    is not cleared; with one level less, it is (so the count is per text, not over the join)."""
+    shallow = [msgspec.json.encode({"a": [1, 2]}) for _ in range(40)]
+    deep, shallower = (msgspec.json.encode(_nested(depth)) for depth in (MAX_DEPTH, MAX_DEPTH - 1))
+
+    assert not _each_surely_bounded(b"\n".join([*shallow, deep]), len(deep))
+    assert _each_surely_bounded(b"\n".join([*shallow, shallower]), len(shallower))
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
