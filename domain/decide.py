@@ -7,6 +7,7 @@ never by a worker's. A rejection raises; nothing about it is ever stored.
 from __future__ import annotations
 
 import re
+import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -93,7 +94,7 @@ _ID_FIELDS = frozenset(
 )
 MAX_TTL_MS = 24 * 3600 * 1000
 CONTEXT_PREFIX = b"baton.intent-context.v1\x00"
-_json = msgspec.json.Encoder(order="deterministic")  # dict keys sorted: see ``positional_text``
+_json = msgspec.json.Encoder(order="sorted")  # keys sorted, as in the first form of the content digest
 
 
 def context_digest(context: IntentContext) -> str:
@@ -253,10 +254,12 @@ def _screen(command: Any) -> None:
 def positional_text(command: Any) -> bytes | None:
     """The command's positional JSON text, or None when only a walk of its builtins can screen it.
 
-    Its tag, then its fields' values in declaration order, nested Structs likewise (``_keyless``),
-    dict keys sorted. Within a class a position says what its value is, so two commands share a text
-    only if they have the same content (no command field admits two Struct classes: a test keeps it
-    so). Screening reads it, and the ledger digests it as a submission's content.
+    Its tag, then its fields' values in declaration order, fields declared as one Struct class
+    likewise (``_keyless``); every other object is written with its keys, sorted. Within a class a
+    position says what its value is, so two commands share a text exactly when their sorted JSON
+    texts are equal (a property test holds it). Screening reads it, and the ledger digests it as a
+    submission's content. None for a command that screening must walk: a value under a credential
+    name, a negative size (both rejected), or a field holding what it is not declared as.
     """
     try:
         return _json.encode(_keyless(command))
@@ -322,7 +325,7 @@ class _Plan(NamedTuple):
     tag: str | int | None
     sizes: tuple[int, ...]  # fields under ``size``: ``_check_bounds`` refuses a negative int there
     named: tuple[tuple[int, str], ...]  # fields under a credential name: ``find_credential`` looks at the value
-    structs: tuple[int, ...]  # fields declared as Structs: made keyless too
+    structs: tuple[tuple[int, type], ...]  # fields declared as one Struct class (or None): made keyless too
 
 
 def _keyless(value: msgspec.Struct) -> list[Any]:
@@ -331,7 +334,9 @@ def _keyless(value: msgspec.Struct) -> list[Any]:
     Its JSON text holds every container and every string of the JSON text of ``value``'s builtins
     (so the same or more of whatever the prefilters count) but the keys of Struct fields and tags:
     ``_plan`` screens those once per class, and the values under the few keys that matter are
-    checked here. Other Structs (in lists, dicts or fields not declared as Structs) keep their keys.
+    checked here. Other Structs (in lists, dicts, or fields not declared as one Struct class) keep
+    their keys. A field declared as one Struct class holding anything but that class or None is
+    ``_Unsure``: written positionally it could read as a value of the class (a list of its fields).
     """
     write = _KEYLESS.get(type(value))
     if write is None:
@@ -353,16 +358,21 @@ def _compile_keyless(plan: _Plan) -> Callable[[Any], list[Any]]:
             "    elif x is not None:",
             "        raise Unsure",
         ]
-    for index in plan.structs:
-        lines += [f"    if isinstance(x := out[{index}], Struct):", f"        out[{index}] = keyless(x)"]
+    for index, _ in plan.structs:
+        lines += [
+            f"    if type(x := out[{index}]) is C{index}:",
+            f"        out[{index}] = keyless(x)",
+            "    elif x is not None:",
+            "        raise Unsure",
+        ]
     lines.append("    return out")
     namespace: dict[str, Any] = {
         "tag": plan.tag,
         "astuple": msgspec.structs.astuple,
         "Unsure": _Unsure,
         "named": is_credential_key,
-        "Struct": msgspec.Struct,
         "keyless": _keyless,
+        **{f"C{index}": cls for index, cls in plan.structs},
     }
     exec("\n".join(lines) + "\n", namespace)  # generated from the plan: indices, and keys as literals
     write: Callable[[Any], list[Any]] = namespace["write"]
@@ -389,15 +399,19 @@ def _plan(cls: type[msgspec.Struct]) -> _Plan:
         config.tag,
         tuple(index for index, key in enumerate(keys, 1) if key == "size"),
         tuple((index, key) for index, key in enumerate(keys, 1) if credential_named(key)),
-        tuple(index for index, field in enumerate(fields, 1) if _names_a_struct(field.type)),
+        tuple((index, declared) for index, field in enumerate(fields, 1) if (declared := _declared_struct(field.type))),
     )
 
 
-def _names_a_struct(annotation: Any) -> bool:
-    """Whether a field's type is a Struct class or mentions one (``BlobRef | None``)."""
-    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
-        return True
-    return any(_names_a_struct(arg) for arg in typing.get_args(annotation))
+def _declared_struct(annotation: Any) -> type | None:
+    """The Struct class a field is declared as (``BlobRef``, ``BlobRef | None``), else None (a union of
+    Struct classes, a tuple of them: msgspec writes those with their keys, so they need no position)."""
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    members = typing.get_args(annotation) if union else (annotation,)
+    classes = [member for member in members if member is not type(None)]
+    if len(classes) == 1 and isinstance(classes[0], type) and issubclass(classes[0], msgspec.Struct):
+        return classes[0]
+    return None
 
 
 # The bounds prefilter: together, the two say that a JSON text of the command alone proves that

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 
 _SUBMISSION_PREFIX = b"baton.submission.v2\x00"
-_FIRST_SUBMISSION_PREFIX = b"baton.submission.v1\x00"  # rows written before 2026-11-30
+_FIRST_SUBMISSION_PREFIX = b"baton.submission.v1\x00"  # rows from before 2026-11-30, or of commands without a text
 _UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race is re-decided, not called stale
 _MAX_ATTEMPTS = 16
 _CACHE_SIZE = 1024
@@ -74,9 +74,10 @@ def submission_digest(submission: Submission, command_text: bytes | None = None)
 
     The digest of the submission's ids and epoch (a JSON array) followed by its command's positional
     text (``domain.decide.positional_text``), which screening a batch has written already
-    (``command_text``): no second encoding of the command. JSON keeps every type distinct (``1`` is
-    not ``"1"``) and the text sorts dict keys, so a retry whose dicts were built in another order is
-    the same content. A command without a positional text is digested in the first form.
+    (``command_text``): no second encoding of the command. As in the first form, JSON keeps every
+    type distinct (``1`` is not ``"1"``) and keys are sorted, so two submissions share a digest
+    exactly when their sorted JSON is equal. A command without a positional text (one screening must
+    walk, or a field holding what it is not declared as) is digested in the first form.
     """
     text = command_text if command_text is not None else positional_text(submission.command)
     if text is None:
