@@ -87,7 +87,8 @@ def submission_digest(submission: Submission, command_text: bytes | None = None)
 
 
 def _first_form_digest(submission: Submission) -> str:
-    """The digest of the submission's sorted JSON: the form of rows written before 2026-11-30.
+    """The digest of the submission's sorted JSON: the form of rows written before 2026-11-30, and of
+    commands without a positional text.
 
     Encoding a whole submission with sorted keys a second time cost a tenth of deciding a batch.
     """
@@ -95,8 +96,8 @@ def _first_form_digest(submission: Submission) -> str:
 
 
 def _same_content(content_digest: str, submission: Submission) -> bool:
-    """Whether a stored submission row's digest is this submission's, in either form."""
-    return content_digest in (submission_digest(submission), _first_form_digest(submission))
+    """Whether a stored submission row's digest is this submission's, in either form (the first only if need be)."""
+    return content_digest == submission_digest(submission) or content_digest == _first_form_digest(submission)
 
 
 class RunLedger(Application[str]):
