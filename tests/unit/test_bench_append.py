@@ -54,5 +54,33 @@ def test_a_miss_within_the_runs_noise_says_so_and_a_clear_miss_does_not() -> Non
     near = Row("1000-event batches", "sqlite", straddling, raw, ">=0.5x", 0.5).verdict
     clear = Row("1000-event batches", "sqlite", under, raw, ">=0.5x", 0.5).verdict
     # then both are misses, and only the first names the interval that reaches the goal
-    assert near.startswith("NOT met (within this run's noise: 0.4")
+    assert near.startswith("NOT met (its 95% interval 0.4") and near.endswith("reaches the goal)")
     assert clear == "NOT met"
+
+
+def test_a_ratio_over_its_goal_is_met_and_a_p99_over_its_bound_is_not() -> None:
+    # given twelve rounds at 0.6x against a goal of 0.5x, with appends of 1 ms and then of 4 ms
+    raw = Sample()
+    fast, slow = Sample(), Sample()
+    for _ in range(12):
+        raw.add(Sample(100, 0.060, [0.0006] * 100))
+        fast.add(Sample(100, 0.100, [0.001] * 100))
+        slow.add(Sample(100, 0.100, [0.004] * 100))
+    # when each is judged against >= 0.5x and p99 <= 3 ms
+    met = Row("single appends, 1 writer", "sqlite", fast, raw, "goal", 0.5, 3.0)
+    tail = Row("single appends, 1 writer", "sqlite", slow, raw, "goal", 0.5, 3.0)
+    # then the first is met, with an interval of the exact ratio, and the second fails on its p99 alone
+    assert met.verdict == "met"
+    assert met.interval is not None and round(met.interval[0], 9) == round(met.interval[1], 9) == 0.6
+    assert tail.verdict.startswith("NOT met (p99; raw's own 0.60 ms")
+
+
+def test_a_total_keeps_its_own_figures_as_a_round_when_more_are_added() -> None:
+    # given a sample timed in one go, and an empty total
+    timed, total = Sample(1000, 0.02), Sample()
+    # when another sample is added to each
+    timed.add(Sample(1000, 0.03))
+    total.add(Sample(1000, 0.03))
+    # then the timed one holds both rounds, and the empty total only the one added
+    assert timed.rounds == [(1000, 0.02), (1000, 0.03)]
+    assert total.rounds == [(1000, 0.03)]
