@@ -834,7 +834,7 @@ class Row:
         if self.ratio < self.min_ratio:
             interval = self.interval
             if interval is not None and interval[1] >= self.min_ratio:
-                return f"NOT met (its 95% interval {interval[0]:.2f}-{interval[1]:.2f} reaches the goal)"
+                return f"NOT met (its 95% interval {_span(interval)} reaches the goal)"
             return "NOT met"
         if self.max_p99_ms is None or self.baton.pct_ms(0.99) <= self.max_p99_ms:
             return "met"
@@ -856,9 +856,8 @@ def paired_ratio_interval(
 
     Round ``i`` of each side ran back to back, in the same phase of the host, so the rounds are
     resampled as pairs; each resample's ratio is computed as the headline one is (events over
-    seconds, summed over its rounds). How far the ratio could move on this machine with the same
-    code: a run whose ratio misses a goal by less than this says so, rather than a bare miss.
-    Seeded, so a run's report is reproducible from its numbers. None with fewer than
+    seconds, summed over its rounds): how far the ratio could move on this machine with the same
+    code. Seeded, so a run's report is reproducible from its numbers. None with fewer than
     ``MIN_ROUNDS_FOR_INTERVAL`` pairs (a quick run has one); coarse with few (the 8-writer rows'
     four rounds allow 35 distinct resamples). It is the spread within one run: it says how
     precisely the run measured the ratio, not that the code meets a goal it missed.
@@ -1025,7 +1024,11 @@ def _fmt_rate(x: float) -> str:
 
 def _ratio(row: Row) -> str:
     interval = row.interval
-    return f"{row.ratio:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})")
+    return f"{row.ratio:.2f}x" + ("" if interval is None else f" ({_span(interval)})")
+
+
+def _span(interval: tuple[float, float]) -> str:
+    return f"{interval[0]:.2f}-{interval[1]:.2f}"
 
 
 def _lat(sample: Sample) -> str:

@@ -45,7 +45,7 @@ def test_too_few_rounds_give_no_interval() -> None:
     assert Row("x", "sqlite", _sample([(1000, 0.02)]), _sample([(1000, 0.01)]), "goal", 0.5).interval is None
 
 
-def test_a_miss_within_the_runs_noise_says_so_and_a_clear_miss_does_not() -> None:
+def test_a_miss_whose_interval_reaches_the_goal_names_it_and_a_clear_miss_does_not() -> None:
     # given a goal of 0.5x and two runs below it: one whose rounds straddle the goal, one wholly under
     raw = _sample([(1000, 0.010)] * 12)
     straddling = _sample([(1000, 0.010 / r) for r in (0.45, 0.53, 0.47, 0.52, 0.46, 0.51) * 2])
