@@ -19,11 +19,11 @@ import msgspec
 from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
-from adapters.bootstrap import open_ledger
-from adapters.eventstore import RunLedger
-from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
-from domain.errors import BatonError, StoreUnavailable
-from projections.audit import AuditFold, Problem
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
+from baton.domain.errors import BatonError, StoreUnavailable
+from baton.projections.audit import AuditFold, Problem
 
 __all__ = ["AUDIT_ERRORS", "DEFAULT_JOBS", "PARALLEL_MIN_EVENTS", "AuditReport", "audit_store", "verify_export"]
 

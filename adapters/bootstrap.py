@@ -5,12 +5,12 @@ from __future__ import annotations
 from eventsourcing.persistence import InfrastructureFactory
 from eventsourcing.utils import Environment
 
-from adapters.clock import Clock
-from adapters.eventstore import RunLedger
-from adapters.eventstore.blobs import SqlConnection, create_blob_table
-from adapters.langgraph.index import create_index_tables
-from adapters.settings import StoreSettings
-from adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
+from baton.adapters.clock import Clock
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.blobs import SqlConnection, create_blob_table
+from baton.adapters.langgraph.index import create_index_tables
+from baton.adapters.settings import StoreSettings
+from baton.adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
 
 __all__ = ["init_store", "open_ledger", "open_views"]
 

@@ -19,22 +19,22 @@ import msgspec
 from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
-from adapters.bootstrap import init_store, open_ledger, open_views
-from adapters.cli_args import add_placement_arguments, placement_from
-from adapters.cli_audit import add_audit_parsers
-from adapters.cli_handoff import add_handoff_parsers
-from adapters.cli_purge import add_purge_parser
-from adapters.demo import run_demo
-from adapters.eventstore import RunLedger
-from adapters.views import DEFAULT_BATCH, CatchUp, ProgressLine, ViewRunner
-from adapters.wire import decode_submission
-from domain.budgets import COUNTERS
-from domain.canonical import short
-from domain.commands import Submission, Verdict
-from domain.errors import BatonError, ChainBroken, StoreUnavailable
-from domain.events import RecordedEvent
-from projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
-from projections.resumability import summary_of
+from baton.adapters.bootstrap import init_store, open_ledger, open_views
+from baton.adapters.cli_args import add_placement_arguments, placement_from
+from baton.adapters.cli_audit import add_audit_parsers
+from baton.adapters.cli_handoff import add_handoff_parsers
+from baton.adapters.cli_purge import add_purge_parser
+from baton.adapters.demo import run_demo
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.views import DEFAULT_BATCH, CatchUp, ProgressLine, ViewRunner
+from baton.adapters.wire import decode_submission
+from baton.domain.budgets import COUNTERS
+from baton.domain.canonical import short
+from baton.domain.commands import Submission, Verdict
+from baton.domain.errors import BatonError, ChainBroken, StoreUnavailable
+from baton.domain.events import RecordedEvent
+from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
+from baton.projections.resumability import summary_of
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -271,7 +271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve submissions on NATS or Kafka until SIGINT/SIGTERM (adapters/bus, docs/operations.md)."""
     import asyncio  # noqa: PLC0415 (only serve needs it)
 
-    from adapters.bus import serve  # noqa: PLC0415 (faststream and the brokers cost ~0.8 s to import)
+    from baton.adapters.bus import serve  # noqa: PLC0415 (faststream and the brokers cost ~0.8 s to import)
 
     ledger = open_ledger(args.store)
     try:

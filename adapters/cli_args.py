@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from domain.events import Placement
+from baton.domain.events import Placement
 
 __all__ = ["add_placement_arguments", "placement_from"]
 

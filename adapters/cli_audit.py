@@ -14,14 +14,14 @@ from typing import Any
 
 import msgspec
 
-from adapters.audit_runner import AUDIT_ERRORS, DEFAULT_JOBS, AuditReport, audit_store, verify_export
-from adapters.bootstrap import open_ledger
-from adapters.eventstore import RunLedger
-from adapters.eventstore.audit_reader import stored_rows
-from adapters.report import add_report_parser
-from adapters.views import ProgressLine
-from domain.canonical import canonical_bytes
-from projections.explain import explain
+from baton.adapters.audit_runner import AUDIT_ERRORS, DEFAULT_JOBS, AuditReport, audit_store, verify_export
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.audit_reader import stored_rows
+from baton.adapters.report import add_report_parser
+from baton.adapters.views import ProgressLine
+from baton.domain.canonical import canonical_bytes
+from baton.projections.explain import explain
 
 __all__ = ["add_audit_parsers"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from adapters import handoff
-from adapters.bootstrap import open_ledger
-from adapters.cli_args import add_placement_arguments, placement_from
-from domain.commands import Verdict
+from baton.adapters import handoff
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli_args import add_placement_arguments, placement_from
+from baton.domain.commands import Verdict
 
 __all__ = ["add_handoff_parsers"]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from adapters.bootstrap import open_ledger
-from adapters.eventstore.blobs import SqlConnection
-from adapters.langgraph.purge import purge_thread
-from adapters.settings import StoreSettings
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.eventstore.blobs import SqlConnection
+from baton.adapters.langgraph.purge import purge_thread
+from baton.adapters.settings import StoreSettings
 
 __all__ = ["add_purge_parser"]
 

@@ -12,11 +12,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import ManualClock, SystemClock
-from adapters.eventstore import RunLedger
-from domain.canonical import short
-from domain.commands import (
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import ManualClock, SystemClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.canonical import short
+from baton.domain.commands import (
     AcquireLease,
     Command,
     CompleteRun,
@@ -28,9 +28,9 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import BlobRef, IntentContext, Placement, RecordedEvent
-from domain.stages import Stage
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent
+from baton.domain.stages import Stage
 
 __all__ = ["run_demo"]
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.eventstore import RunLedger
-from domain import authority, errors
-from domain.authority import GateDecision
-from domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission, Verdict
-from domain.events import Placement
-from domain.handoff_document import (
+from baton.adapters.eventstore import RunLedger
+from baton.domain import authority, errors
+from baton.domain.authority import GateDecision
+from baton.domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission, Verdict
+from baton.domain.events import Placement
+from baton.domain.handoff_document import (
     HandoffDocument,
     decode_document,
     document_digest,
     encode_document,
     state_digest_of,
 )
-from domain.migrations import REGISTRY, MigrationRegistry
+from baton.domain.migrations import REGISTRY, MigrationRegistry
 
 __all__ = [
     "HandoffStatus",

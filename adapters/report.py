@@ -23,12 +23,12 @@ import msgspec
 from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
-from adapters.bootstrap import open_ledger
-from adapters.eventstore import RunLedger
-from domain.errors import BatonError
-from domain.stages import Stage
-from projections.audit import Problem
-from projections.report import BudgetSeries, Mark, ReportFold, RunReport
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.eventstore import RunLedger
+from baton.domain.errors import BatonError
+from baton.domain.stages import Stage
+from baton.projections.audit import Problem
+from baton.projections.report import BudgetSeries, Mark, ReportFold, RunReport
 
 __all__ = ["add_report_parser", "render_html"]
 

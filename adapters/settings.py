@@ -16,8 +16,8 @@ __all__ = ["DEFAULT_STORE", "StoreSettings"]
 
 DEFAULT_STORE = "sqlite:///baton.db"
 _RECORDERS = {
-    "sqlite": "adapters.eventstore.sqlite_recorder:FencedSQLiteRecorder",
-    "postgresql": "adapters.eventstore.postgres_recorder:FencedPostgresRecorder",
+    "sqlite": "baton.adapters.eventstore.sqlite_recorder:FencedSQLiteRecorder",
+    "postgresql": "baton.adapters.eventstore.postgres_recorder:FencedPostgresRecorder",
 }
 
 

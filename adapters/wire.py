@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from domain import errors
-from domain.commands import Submission, Verdict
-from domain.credentials import find_credential, may_hold_credential
+from baton.domain import errors
+from baton.domain.commands import Submission, Verdict
+from baton.domain.credentials import find_credential, may_hold_credential
 
 __all__ = [
     "MAX_SUBMISSION_BYTES",

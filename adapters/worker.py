@@ -22,13 +22,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-from adapters import handoff
-from adapters.eventstore import RunLedger
-from adapters.wire import decode_verdict
-from domain import errors
-from domain.budgets import Ceilings, Usage
-from domain.checkpoint import PortableState
-from domain.commands import (
+from baton.adapters import handoff
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.wire import decode_verdict
+from baton.domain import errors
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.checkpoint import PortableState
+from baton.domain.commands import (
     AcceptHandoff,
     AcquireLease,
     Command,
@@ -44,12 +44,12 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import BlobRef, IntentContext, Placement
-from domain.handoff_document import decode_document, document_digest, state_bytes, state_digest_of
-from domain.stages import Stage
-from projections.replay import ReplayCursor
-from projections.resumability import Resumability, classify, summary_of
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, Placement
+from baton.domain.handoff_document import decode_document, document_digest, state_bytes, state_digest_of
+from baton.domain.stages import Stage
+from baton.projections.replay import ReplayCursor
+from baton.projections.resumability import Resumability, classify, summary_of
 
 __all__ = ["LedgerTransport", "NatsTransport", "Resumed", "Transport", "Worker", "rejection_for"]
 

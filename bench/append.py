@@ -71,14 +71,14 @@ import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 from eventsourcing.persistence import StoredEvent  # noqa: E402
 
-from adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from adapters.eventstore import RunLedger  # noqa: E402
-from adapters.eventstore.postgres_recorder import FencedPostgresRecorder, _append_params  # noqa: E402
-from adapters.local_servers import LocalPostgres  # noqa: E402
-from adapters.settings import StoreSettings  # noqa: E402
+from baton.adapters.bootstrap import init_store, open_ledger  # noqa: E402
+from baton.adapters.eventstore import RunLedger  # noqa: E402
+from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder, _append_params  # noqa: E402
+from baton.adapters.settings import StoreSettings  # noqa: E402
+from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, RenewLease, Submission  # noqa: E402
+from baton.domain.events import BlobRef, IntentContext, Placement  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
-from domain.commands import AcquireLease, OpenRun, RecordIntent, RenewLease, Submission  # noqa: E402
-from domain.events import BlobRef, IntentContext, Placement  # noqa: E402
+from tests.support.local_servers import LocalPostgres  # noqa: E402
 
 TTL_MS = 24 * 3600 * 1000  # the longest lease decide() allows: no lease expires during a run
 WRITERS = 8

@@ -54,17 +54,16 @@ if str(ROOT) not in sys.path:  # `python bench/audit.py` puts bench/ first, not 
 import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 
-from adapters.audit_runner import DEFAULT_JOBS, audit_store  # noqa: E402
-from adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows  # noqa: E402
-from adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
-from bench.machine import machine_info  # noqa: E402
-from domain.budgets import Usage  # noqa: E402
-from domain.canonical import ZERO_DIGEST, canonical_bytes  # noqa: E402
-from domain.chain import seal_stored  # noqa: E402
-from domain.commands import ReleaseLease, Submission  # noqa: E402
-from domain.decide import context_digest  # noqa: E402
-from domain.events import (  # noqa: E402
+from baton.adapters.audit_runner import DEFAULT_JOBS, audit_store  # noqa: E402
+from baton.adapters.bootstrap import init_store, open_ledger  # noqa: E402
+from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows  # noqa: E402
+from baton.adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
+from baton.domain.budgets import Usage  # noqa: E402
+from baton.domain.canonical import ZERO_DIGEST, canonical_bytes  # noqa: E402
+from baton.domain.chain import seal_stored  # noqa: E402
+from baton.domain.commands import ReleaseLease, Submission  # noqa: E402
+from baton.domain.decide import context_digest  # noqa: E402
+from baton.domain.events import (  # noqa: E402
     BlobRef,
     Event,
     IntentContext,
@@ -75,6 +74,7 @@ from domain.events import (  # noqa: E402
     RecordedEvent,
     RunOpened,
 )
+from bench.machine import machine_info  # noqa: E402
 
 GOAL_EVENTS_PER_S = 100_000
 T0 = 1_767_225_600_000_000
@@ -249,7 +249,7 @@ def main() -> int:
     args.events = args.events or (100_000 if args.quick else 1_000_000)
     args.runs = args.runs or (100 if args.quick else 1_000)
     info = machine_info()
-    from adapters.local_servers import LocalPostgres
+    from tests.support.local_servers import LocalPostgres
 
     with LocalPostgres() as pg:
         url = pg.create_database("baton_audit")

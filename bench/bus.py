@@ -56,14 +56,14 @@ import nats  # noqa: E402
 import psycopg  # noqa: E402
 from nats.aio.msg import Msg  # noqa: E402
 
-from adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from adapters.bus.nats_app import partition_mapping  # noqa: E402
-from adapters.eventstore import RunLedger  # noqa: E402
-from adapters.local_servers import LocalNats, LocalPostgres  # noqa: E402
-from adapters.wire import decode_verdict, encode_submission  # noqa: E402
+from baton.adapters.bootstrap import init_store, open_ledger  # noqa: E402
+from baton.adapters.bus.nats_app import partition_mapping  # noqa: E402
+from baton.adapters.eventstore import RunLedger  # noqa: E402
+from baton.adapters.wire import decode_verdict, encode_submission  # noqa: E402
+from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, Submission  # noqa: E402
+from baton.domain.events import BlobRef, IntentContext, Placement  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
-from domain.commands import AcquireLease, OpenRun, RecordIntent, Submission  # noqa: E402
-from domain.events import BlobRef, IntentContext, Placement  # noqa: E402
+from tests.support.local_servers import LocalNats, LocalPostgres  # noqa: E402
 
 TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
 WORKERS = (1, 8, 32)
@@ -223,7 +223,7 @@ def direct_cell(store_url: str, runs: list[tuple[str, str]], workers: int, secon
 
 
 def serve_main(nats_url: str, store_url: str, group_commit: bool, partitions: tuple[int, ...] = ()) -> None:
-    from adapters.bus import NatsBus, NatsOptions
+    from baton.adapters.bus import NatsBus, NatsOptions
 
     # with partitions, only the service of partition 0 relays (one relay per events stream is enough)
     options = NatsOptions(

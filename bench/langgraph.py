@@ -36,10 +36,10 @@ sys.path.insert(0, str(_HERE.parent))
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-from adapters import bootstrap
-from adapters.langgraph import BatonSaver
-from adapters.local_servers import LocalPostgres
+from baton.adapters import bootstrap
+from baton.adapters.langgraph import BatonSaver
 from bench.machine import machine_info
+from tests.support.local_servers import LocalPostgres
 
 CONSTANT = "x" * 256
 

@@ -80,16 +80,16 @@ if str(ROOT) not in sys.path:  # `python bench/resume.py` puts bench/ first, not
 import msgspec  # noqa: E402
 import psycopg  # noqa: E402
 
-from adapters import bootstrap  # noqa: E402
-from adapters.eventstore import RunLedger  # noqa: E402
-from adapters.eventstore.ledger import SNAPSHOT_EVERY  # noqa: E402
+from baton.adapters import bootstrap  # noqa: E402
+from baton.adapters.eventstore import RunLedger  # noqa: E402
+from baton.adapters.eventstore.ledger import SNAPSHOT_EVERY  # noqa: E402
+from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, RecordObservation, Submission  # noqa: E402
+from baton.domain.decide import context_digest  # noqa: E402
+from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent  # noqa: E402
+from baton.domain.state import RunState, apply  # noqa: E402
+from baton.projections.portable_state import PortableStateFold  # noqa: E402
+from baton.projections.resumability import summary_of  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
-from domain.commands import AcquireLease, OpenRun, RecordIntent, RecordObservation, Submission  # noqa: E402
-from domain.decide import context_digest  # noqa: E402
-from domain.events import BlobRef, IntentContext, Placement, RecordedEvent  # noqa: E402
-from domain.state import RunState, apply  # noqa: E402
-from projections.portable_state import PortableStateFold  # noqa: E402
-from projections.resumability import summary_of  # noqa: E402
 
 MiB = 1024 * 1024
 TTL_MS = 24 * 3600 * 1000  # the longest lease decide() allows: no lease expires during a run
@@ -144,7 +144,7 @@ def open_store(backend: str) -> Iterator[Store]:
             bootstrap.init_store(url)
             yield Store("sqlite", url, _events_table(url), sqlite_path=path, info={"sqlite": sqlite3.sqlite_version})
         return
-    from adapters.local_servers import LocalPostgres
+    from tests.support.local_servers import LocalPostgres
 
     with LocalPostgres() as pg:
         url = pg.create_database("baton_resume")
@@ -623,7 +623,7 @@ def _since(start: float) -> float:
 def measure_views(store: Store, plan: Plan, raw: Raw) -> Views:
     result = Views(store.backend)
     open_views = getattr(bootstrap, "open_views", None)
-    if importlib.util.find_spec("adapters.views") is None or open_views is None:
+    if importlib.util.find_spec("baton.adapters.views") is None or open_views is None:
         result.note = "skipped: no `adapters.views` package or no `bootstrap.open_views`"
         return result
     log(f"{store.backend}: view catch-up (budget {plan.views_budget:.0f} s)")

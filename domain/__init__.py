@@ -3,13 +3,13 @@
 Imports only the standard library and msgspec, so every rule here is testable without I/O.
 """
 
-from domain.budgets import Ceilings, Usage
-from domain.chain import ChainReport, seal, verify_chain
-from domain.commands import Command, Submission, Verdict
-from domain.decide import context_digest, decide
-from domain.events import Event, RecordedEvent
-from domain.stages import Stage
-from domain.state import RunState, apply, evolve, fold
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.chain import ChainReport, seal, verify_chain
+from baton.domain.commands import Command, Submission, Verdict
+from baton.domain.decide import context_digest, decide
+from baton.domain.events import Event, RecordedEvent
+from baton.domain.stages import Stage
+from baton.domain.state import RunState, apply, evolve, fold
 
 __all__ = [
     "Ceilings",

@@ -17,8 +17,8 @@ from typing import Protocol
 
 import msgspec
 
-from domain import errors
-from domain.commands import (
+from baton.domain import errors
+from baton.domain.commands import (
     DenyApproval,
     GrantApproval,
     GrantAuthority,
@@ -26,7 +26,7 @@ from domain.commands import (
     RevokeAuthority,
     Submission,
 )
-from domain.events import (
+from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
     AuthorityGranted,
@@ -34,7 +34,7 @@ from domain.events import (
     EvidenceRecorded,
     IntentContext,
 )
-from domain.state import Approval, Evidence, Grant, RunState
+from baton.domain.state import Approval, Evidence, Grant, RunState
 
 __all__ = [
     "AuthorityView",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from domain.errors import BudgetExceeded, CounterOverflow, Malformed
+from baton.domain.errors import BudgetExceeded, CounterOverflow, Malformed
 
 __all__ = ["COUNTERS", "MAX_COUNTER", "Ceilings", "Usage", "checked_add"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, struct_canonical_bytes
-from domain.commands import Submission
-from domain.errors import ChainBroken
-from domain.events import Event, RecordedEvent
+from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, struct_canonical_bytes
+from baton.domain.commands import Submission
+from baton.domain.errors import ChainBroken
+from baton.domain.events import Event, RecordedEvent
 
 __all__ = [
     "EVENT_PREFIX",

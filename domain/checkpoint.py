@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from domain.budgets import Ceilings, Usage
-from domain.events import BlobRef, Placement
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.events import BlobRef, Placement
 
 __all__ = ["PortableState"]
 

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from domain.budgets import Ceilings, Usage
-from domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement
-from domain.stages import Stage
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement
+from baton.domain.stages import Stage
 
 __all__ = [
     "AbortHandoff",

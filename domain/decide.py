@@ -14,10 +14,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from domain import authority, errors, handoff, threads
-from domain.budgets import Usage
-from domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of, struct_canonical_bytes
-from domain.commands import (
+from baton.domain import authority, errors, handoff, threads
+from baton.domain.budgets import Usage
+from baton.domain.canonical import OPAQUE_KEYS, canonical_bytes, digest_of, struct_canonical_bytes
+from baton.domain.commands import (
     AbortHandoff,
     AcceptHandoff,
     AcquireLease,
@@ -42,7 +42,7 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.credentials import (
+from baton.domain.credentials import (
     MAX_DEPTH,
     MAX_NODES,
     credential_named,
@@ -50,7 +50,7 @@ from domain.credentials import (
     is_credential_key,
     suspect_text,
 )
-from domain.events import (
+from baton.domain.events import (
     BlobRef,
     CheckpointSealed,
     Event,
@@ -68,8 +68,8 @@ from domain.events import (
     StageReserved,
     TransitionRecorded,
 )
-from domain.stages import Stage, is_legal
-from domain.state import OpRecord, RunState
+from baton.domain.stages import Stage, is_legal
+from baton.domain.state import OpRecord, RunState
 
 __all__ = [
     "CONTEXT_PREFIX",

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from domain.budgets import Ceilings, Usage
-from domain.stages import Stage
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.stages import Stage
 
 __all__ = [
     "EVENT_TYPES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from domain.state import RunState
+from baton.domain.state import RunState
 
 __all__ = ["Fence", "fence_for"]
 

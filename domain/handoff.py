@@ -14,10 +14,10 @@ trusted to have checked it.
 
 from __future__ import annotations
 
-from domain import errors
-from domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission
-from domain.events import BlobRef, Event, HandoffAborted, HandoffAccepted, HandoffPrepared, LeaseGranted
-from domain.handoff_document import (
+from baton.domain import errors
+from baton.domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission
+from baton.domain.events import BlobRef, Event, HandoffAborted, HandoffAccepted, HandoffPrepared, LeaseGranted
+from baton.domain.handoff_document import (
     HandoffDocument,
     decode_document,
     document_digest,
@@ -25,8 +25,8 @@ from domain.handoff_document import (
     state_bytes,
     verify_document,
 )
-from domain.stages import Stage
-from domain.state import RunState
+from baton.domain.stages import Stage
+from baton.domain.state import RunState
 
 __all__ = ["abort", "accept", "prepare", "unsafe_reasons"]
 

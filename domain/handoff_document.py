@@ -24,11 +24,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
-from domain.canonical import canonical_value, digest_of
-from domain.checkpoint import PortableState
-from domain.credentials import MAX_DEPTH, find_credential
-from domain.errors import (
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
+from baton.domain.canonical import canonical_value, digest_of
+from baton.domain.checkpoint import PortableState
+from baton.domain.credentials import MAX_DEPTH, find_credential
+from baton.domain.errors import (
     CredentialInPayload,
     DocumentTooLarge,
     HandoffDigestMismatch,
@@ -37,7 +37,7 @@ from domain.errors import (
     NoncanonicalDocument,
     PriorUsageExhaustsDestination,
 )
-from domain.events import Placement
+from baton.domain.events import Placement
 
 __all__ = [
     "IDENTITY",

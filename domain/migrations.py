@@ -17,8 +17,8 @@ import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from domain.errors import MigrationMissing
-from domain.handoff_document import IDENTITY, Migration
+from baton.domain.errors import MigrationMissing
+from baton.domain.handoff_document import IDENTITY, Migration
 
 __all__ = ["REGISTRY", "MigrationFn", "MigrationRegistry", "Step", "migrate", "register"]
 

@@ -12,9 +12,9 @@ from typing import Literal
 
 import msgspec
 
-from domain.budgets import Ceilings, Usage
-from domain.canonical import ZERO_DIGEST
-from domain.events import (
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.canonical import ZERO_DIGEST
+from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
     AuthorityGranted,
@@ -39,7 +39,7 @@ from domain.events import (
     StageReserved,
     TransitionRecorded,
 )
-from domain.stages import Stage
+from baton.domain.stages import Stage
 
 _WORK = (IntentRecorded, ObservationRecorded, IntentReconciled, TransitionRecorded, StageReserved)
 _LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired)

@@ -8,9 +8,9 @@ the blobs go, a tombstone and an audit record of what went stay.
 
 from __future__ import annotations
 
-from domain import errors
-from domain.commands import DeleteThread, HideCheckpoints, PruneThread, PurgeThread, PutCheckpoint, PutWrites
-from domain.events import (
+from baton.domain import errors
+from baton.domain.commands import DeleteThread, HideCheckpoints, PruneThread, PurgeThread, PutCheckpoint, PutWrites
+from baton.domain.events import (
     CheckpointRecorded,
     CheckpointsHidden,
     Event,
@@ -19,7 +19,7 @@ from domain.events import (
     ThreadPurged,
     WritesRecorded,
 )
-from domain.state import RunState
+from baton.domain.state import RunState
 
 __all__ = ["PURGE_TOMBSTONE", "THREAD_COMMANDS", "decide_purge", "decide_thread"]
 

@@ -4,13 +4,13 @@ Each projection is an incremental fold (``apply`` one event at a time) plus a co
 function over an iterable; folding in any chunking gives the same result.
 """
 
-from projections.audit import CODES, AuditFold, Problem
-from projections.budget_usage import DIMENSIONS, BudgetUsageFold, budget_usage
-from projections.explain import Explanation, explain
-from projections.portable_state import PortableState, PortableStateFold, portable_state
-from projections.replay import ReplayCursor, ReplayDivergence, ReplayFold, ReplayPrefix, replay_prefix
-from projections.report import ReportFold, RunReport, build_report
-from projections.resumability import Resumability, ResumabilityClass, classify, summarize
+from baton.projections.audit import CODES, AuditFold, Problem
+from baton.projections.budget_usage import DIMENSIONS, BudgetUsageFold, budget_usage
+from baton.projections.explain import Explanation, explain
+from baton.projections.portable_state import PortableState, PortableStateFold, portable_state
+from baton.projections.replay import ReplayCursor, ReplayDivergence, ReplayFold, ReplayPrefix, replay_prefix
+from baton.projections.report import ReportFold, RunReport, build_report
+from baton.projections.resumability import Resumability, ResumabilityClass, classify, summarize
 
 __all__ = [
     "CODES",

@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from domain.canonical import ZERO_DIGEST, digest_of, schema_integer
-from domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest
-from domain.decide import CONTEXT_PREFIX
-from domain.events import (
+from baton.domain.canonical import ZERO_DIGEST, digest_of, schema_integer
+from baton.domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest
+from baton.domain.decide import CONTEXT_PREFIX
+from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
     AuthorityGranted,
@@ -58,12 +58,12 @@ from domain.events import (
     TransitionRecorded,
     WritesRecorded,
 )
-from domain.threads import PURGE_TOMBSTONE
-from projections import audit_authority as authority
-from projections import audit_handoff as handoff
-from projections import audit_rules as run
-from projections.audit_digest import DECODER, WRITE_ERRORS, Unsupported, stored_writer
-from projections.audit_state import CODES, AuditState, Problem, Rule
+from baton.domain.threads import PURGE_TOMBSTONE
+from baton.projections import audit_authority as authority
+from baton.projections import audit_handoff as handoff
+from baton.projections import audit_rules as run
+from baton.projections.audit_digest import DECODER, WRITE_ERRORS, Unsupported, stored_writer
+from baton.projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = [
     "CODES",

@@ -9,9 +9,9 @@ approval the log should never have held (self-authorized, unbound) authorizes no
 
 from __future__ import annotations
 
-from domain.authority import require_authority
-from domain.errors import Rejection
-from domain.events import (
+from baton.domain.authority import require_authority
+from baton.domain.errors import Rejection
+from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
     AuthorityGranted,
@@ -20,8 +20,8 @@ from domain.events import (
     IntentRecorded,
     RecordedEvent,
 )
-from domain.state import Approval, Evidence, Grant
-from projections.audit_state import AuditState
+from baton.domain.state import Approval, Evidence, Grant
+from baton.projections.audit_state import AuditState
 
 __all__ = ["approval_denied", "approval_granted", "authority_granted", "authority_revoked", "authorized", "evidence"]
 

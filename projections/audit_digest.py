@@ -38,10 +38,10 @@ from typing import Any
 import msgspec
 from msgspec import inspect
 
-from domain.canonical import OPAQUE_KEYS, canonical_value, digest_of, is_plain_opaque
-from domain.chain import EVENT_PREFIX
-from domain.decide import CONTEXT_PREFIX
-from domain.events import IntentContext, IntentRecorded, RecordedEvent
+from baton.domain.canonical import OPAQUE_KEYS, canonical_value, digest_of, is_plain_opaque
+from baton.domain.chain import EVENT_PREFIX
+from baton.domain.decide import CONTEXT_PREFIX
+from baton.domain.events import IntentContext, IntentRecorded, RecordedEvent
 
 __all__ = [
     "DECODER",

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from domain.events import HandoffAborted, HandoffAccepted, HandoffPrepared, RecordedEvent
-from projections.audit_rules import check_ceilings, fenced, require_settled
-from projections.audit_state import AuditState, PendingHandoff
+from baton.domain.events import HandoffAborted, HandoffAccepted, HandoffPrepared, RecordedEvent
+from baton.projections.audit_rules import check_ceilings, fenced, require_settled
+from baton.projections.audit_state import AuditState, PendingHandoff
 
 __all__ = ["aborted", "accepted", "not_pending", "prepared"]
 

@@ -11,9 +11,9 @@ from operator import add
 
 import msgspec
 
-from domain.budgets import COUNTERS, MAX_COUNTER, Usage
-from domain.decide import context_digest
-from domain.events import (
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Usage
+from baton.domain.decide import context_digest
+from baton.domain.events import (
     CheckpointSealed,
     HandoffAccepted,
     IntentRecorded,
@@ -28,9 +28,9 @@ from domain.events import (
     ThreadPurged,
     TransitionRecorded,
 )
-from domain.stages import Stage, is_legal
-from domain.threads import PURGE_TOMBSTONE
-from projections.audit_state import AuditState, LeaseRecord, OpRecord
+from baton.domain.stages import Stage, is_legal
+from baton.domain.threads import PURGE_TOMBSTONE
+from baton.projections.audit_state import AuditState, LeaseRecord, OpRecord
 
 __all__ = [
     "charge",

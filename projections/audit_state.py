@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from domain.budgets import COUNTERS
-from domain.events import RecordedEvent
-from domain.stages import Stage
-from domain.state import Approval, Evidence, Grant
+from baton.domain.budgets import COUNTERS
+from baton.domain.events import RecordedEvent
+from baton.domain.stages import Stage
+from baton.domain.state import Approval, Evidence, Grant
 
 __all__ = [
     "CODES",

@@ -11,8 +11,8 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Literal
 
-from domain.budgets import Usage
-from domain.events import LeaseGranted, Placement, RecordedEvent
+from baton.domain.budgets import Usage
+from baton.domain.events import LeaseGranted, Placement, RecordedEvent
 
 __all__ = ["DIMENSIONS", "BudgetUsageFold", "Dimension", "budget_usage"]
 

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 
 import msgspec
 
-from domain.budgets import COUNTERS
-from domain.events import CheckpointSealed, IntentRecorded, LeaseGranted, Placement, RecordedEvent
-from projections.audit import AuditFold
-from projections.portable_state import PortableStateFold
-from projections.resumability import classify, summary_of
+from baton.domain.budgets import COUNTERS
+from baton.domain.events import CheckpointSealed, IntentRecorded, LeaseGranted, Placement, RecordedEvent
+from baton.projections.audit import AuditFold
+from baton.projections.portable_state import PortableStateFold
+from baton.projections.resumability import classify, summary_of
 
 __all__ = ["Explanation", "explain"]
 

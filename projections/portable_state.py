@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from domain.canonical import canonical_bytes, digest_of
-from domain.checkpoint import PortableState
-from domain.events import (
+from baton.domain.canonical import canonical_bytes, digest_of
+from baton.domain.checkpoint import PortableState
+from baton.domain.events import (
     BlobRef,
     CheckpointSealed,
     EvidenceRecorded,
@@ -27,8 +27,8 @@ from domain.events import (
     RunOpened,
     TransitionRecorded,
 )
-from domain.state import RunState, apply
-from projections.replay import ReplayFold, ReplayWindow
+from baton.domain.state import RunState, apply
+from baton.projections.replay import ReplayFold, ReplayWindow
 
 __all__ = ["PortableState", "PortableStateFold", "ResumeState", "fresh_resume_state", "portable_state"]
 

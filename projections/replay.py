@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from domain.decide import context_digest
-from domain.errors import ReplayDivergence, ReplayIncomplete, UncertainIntent
-from domain.events import (
+from baton.domain.decide import context_digest
+from baton.domain.errors import ReplayDivergence, ReplayIncomplete, UncertainIntent
+from baton.domain.events import (
     BlobRef,
     CheckpointSealed,
     IntentContext,

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings
-from domain.canonical import short
-from domain.events import (
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Ceilings
+from baton.domain.canonical import short
+from baton.domain.events import (
     HandoffAborted,
     HandoffAccepted,
     HandoffPrepared,
@@ -30,8 +30,8 @@ from domain.events import (
     RunOpened,
     TransitionRecorded,
 )
-from domain.stages import Stage
-from projections.audit_state import Problem
+from baton.domain.stages import Stage
+from baton.projections.audit_state import Problem
 
 __all__ = [
     "KINDS",

@@ -15,10 +15,10 @@ from enum import StrEnum
 
 import msgspec
 
-from domain.events import Placement, RecordedEvent
-from domain.state import RunState
-from projections.portable_state import PortableStateFold
-from projections.replay import PrefixOutline
+from baton.domain.events import Placement, RecordedEvent
+from baton.domain.state import RunState
+from baton.projections.portable_state import PortableStateFold
+from baton.projections.replay import PrefixOutline
 
 __all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize", "summary_of"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.local_servers import LocalPostgres
+from tests.support.local_servers import LocalPostgres
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ Thin by design: decode at the edge (``adapters.wire``), submit with group commit
 This package never imports the event store: it takes the ledger as a parameter (``Ledger``).
 """
 
-from adapters.bus.kafka_app import KafkaBus, KafkaOptions
-from adapters.bus.nats_app import (
+from baton.adapters.bus.kafka_app import KafkaBus, KafkaOptions
+from baton.adapters.bus.nats_app import (
     NatsBus,
     NatsOptions,
     durable_subject,
@@ -15,9 +15,9 @@ from adapters.bus.nats_app import (
     partition_subject,
     submit_subject,
 )
-from adapters.bus.relay import EventRelay
-from adapters.bus.runner import build_bus, serve
-from adapters.bus.service import Ledger, SubmissionService
+from baton.adapters.bus.relay import EventRelay
+from baton.adapters.bus.runner import build_bus, serve
+from baton.adapters.bus.service import Ledger, SubmissionService
 
 __all__ = [
     "EventRelay",

@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 from faststream import FastStream
 from faststream.specification import AsyncAPI
 
-from adapters.bus.kafka_app import KafkaBus
-from adapters.bus.nats_app import NatsBus, describe_nats_consumers
-from domain.commands import Submission, Verdict
-from domain.errors import StoreUnavailable
-from domain.events import RecordedEvent
+from baton.adapters.bus.kafka_app import KafkaBus
+from baton.adapters.bus.nats_app import NatsBus, describe_nats_consumers
+from baton.domain.commands import Submission, Verdict
+from baton.domain.errors import StoreUnavailable
+from baton.domain.events import RecordedEvent
 
 __all__ = ["spec"]
 

@@ -12,7 +12,7 @@ import os
 import sys
 import uuid
 
-from adapters.wire import decode_verdict
+from baton.adapters.wire import decode_verdict
 
 __all__ = ["check"]
 
@@ -35,7 +35,7 @@ async def check(bus_url: str, timeout: float = 5.0) -> bool:
 async def _check_kafka(bootstrap: str) -> bool:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: PLC0415 (Kafka probe only)
 
-    from adapters.bus.kafka_app import SUBMISSIONS_TOPIC, VERDICTS_TOPIC  # noqa: PLC0415
+    from baton.adapters.bus.kafka_app import SUBMISSIONS_TOPIC, VERDICTS_TOPIC  # noqa: PLC0415
 
     correlation = uuid.uuid4().hex
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50)

@@ -26,12 +26,12 @@ from faststream import AckPolicy, Context, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.message import KafkaMessage
 
-from adapters.bus.lifecycle import BusLifecycle
-from adapters.bus.relay import EventRelay, encode_event, event_message_id
-from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
-from adapters.bus.service import Ledger, SubmissionService
-from adapters.wire import encode_verdict
-from domain.events import RecordedEvent
+from baton.adapters.bus.lifecycle import BusLifecycle
+from baton.adapters.bus.relay import EventRelay, encode_event, event_message_id
+from baton.adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
+from baton.adapters.bus.service import Ledger, SubmissionService
+from baton.adapters.wire import encode_verdict
+from baton.domain.events import RecordedEvent
 
 __all__ = ["CONSUMER_GROUP", "EVENTS_TOPIC", "SUBMISSIONS_TOPIC", "VERDICTS_TOPIC", "KafkaBus", "KafkaOptions"]
 

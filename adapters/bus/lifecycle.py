@@ -9,8 +9,8 @@ from typing import Any, Self
 
 from faststream import FastStream
 
-from adapters.bus.relay import EventRelay
-from adapters.bus.service import SubmissionService
+from baton.adapters.bus.relay import EventRelay
+from baton.adapters.bus.service import SubmissionService
 
 __all__ = ["BusLifecycle", "settle_heap"]
 

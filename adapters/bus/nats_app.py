@@ -26,13 +26,13 @@ from faststream.nats import JStream, NatsBroker
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
-from adapters.bus.lifecycle import BusLifecycle
-from adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
-from adapters.bus.nats_frames import hpub_block, plain, writable, write
-from adapters.bus.relay import EventRelay, encode_event, event_message_id
-from adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
-from adapters.bus.service import Ledger, SubmissionService
-from domain.events import RecordedEvent
+from baton.adapters.bus.lifecycle import BusLifecycle
+from baton.adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
+from baton.adapters.bus.nats_frames import hpub_block, plain, writable, write
+from baton.adapters.bus.relay import EventRelay, encode_event, event_message_id
+from baton.adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
+from baton.adapters.bus.service import Ledger, SubmissionService
+from baton.domain.events import RecordedEvent
 
 __all__ = [
     "EVENTS_STREAM",

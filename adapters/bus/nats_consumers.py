@@ -29,10 +29,10 @@ from nats.errors import ConnectionClosedError
 from nats.js import api as js_api
 from nats.js.errors import ServiceUnavailableError
 
-from adapters.bus.nats_frames import pub, writable, write, write_now
-from adapters.bus.service import SubmissionService
-from adapters.wire import encode_verdict
-from domain.commands import Verdict
+from baton.adapters.bus.nats_frames import pub, writable, write, write_now
+from baton.adapters.bus.service import SubmissionService
+from baton.adapters.wire import encode_verdict
+from baton.domain.commands import Verdict
 
 __all__ = ["DurableConsumer", "Responder", "durable_consumer_config"]
 

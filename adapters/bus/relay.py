@@ -17,8 +17,8 @@ from typing import Protocol
 
 import msgspec
 
-from adapters.bus.service import Ledger
-from domain.events import RecordedEvent
+from baton.adapters.bus.service import Ledger
+from baton.domain.events import RecordedEvent
 
 __all__ = ["EVENT_HEADERS", "EventRelay", "EventSink", "encode_event", "event_message_id"]
 

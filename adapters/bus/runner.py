@@ -8,9 +8,9 @@ import logging
 import signal
 from urllib.parse import urlsplit
 
-from adapters.bus.kafka_app import KafkaBus, KafkaOptions
-from adapters.bus.nats_app import NatsBus, NatsOptions
-from adapters.bus.service import Ledger
+from baton.adapters.bus.kafka_app import KafkaBus, KafkaOptions
+from baton.adapters.bus.nats_app import NatsBus, NatsOptions
+from baton.adapters.bus.service import Ledger
 
 __all__ = ["build_bus", "serve"]
 

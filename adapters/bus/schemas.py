@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import msgspec
 from pydantic import WithJsonSchema
 
-from domain.commands import Submission, Verdict
-from domain.events import RecordedEvent
+from baton.domain.commands import Submission, Verdict
+from baton.domain.events import RecordedEvent
 
 __all__ = ["EventBody", "SubmissionBody", "VerdictBody", "inline_schema", "raw_body"]
 

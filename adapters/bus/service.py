@@ -28,10 +28,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from adapters.wire import decode_submission, rejection
-from domain import errors
-from domain.commands import Submission, Verdict
-from domain.events import RecordedEvent
+from baton.adapters.wire import decode_submission, rejection
+from baton.domain import errors
+from baton.domain.commands import Submission, Verdict
+from baton.domain.events import RecordedEvent
 
 __all__ = ["Answers", "Ledger", "SubmissionService"]
 

@@ -19,8 +19,8 @@ from typing import Any
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from adapters.eventstore.fenced import RunRow
-from adapters.eventstore.ledger import RunLedger
+from baton.adapters.eventstore.fenced import RunRow
+from baton.adapters.eventstore.ledger import RunLedger
 
 __all__ = ["CHUNKED_ROWS", "ITERSIZE", "KeyRange", "key_ranges", "stored_rows"]
 

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
 
 from psycopg_pool import ConnectionPool
 
-from adapters.settings import StoreSettings
+from baton.adapters.settings import StoreSettings
 
 __all__ = ["BlobStore", "SqlConnection", "blob_digest", "create_blob_table"]
 

@@ -14,7 +14,7 @@ import eventsourcing.persistence
 import msgspec
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
-from domain.fencing import Fence
+from baton.domain.fencing import Fence
 
 __all__ = [
     "MAX_EVENTS_PER_APPEND",

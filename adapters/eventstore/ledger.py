@@ -28,8 +28,8 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 
-from adapters.clock import Clock, SystemClock
-from adapters.eventstore.fenced import (
+from baton.adapters.clock import Clock, SystemClock
+from baton.adapters.eventstore.fenced import (
     MAX_EVENTS_PER_APPEND,
     AppendConflict,
     DuplicateSubmission,
@@ -38,21 +38,21 @@ from adapters.eventstore.fenced import (
     RunRow,
     SubmissionRow,
 )
-from adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_recorded
-from domain import errors
-from domain.canonical import digest_of
-from domain.chain import ChainReport, seal_stored, verify_chain
-from domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
-from domain.decide import decide, envelope_epoch, positional_text, screened_texts
-from domain.errors import ChainBroken
-from domain.events import IntentRecorded, RecordedEvent
-from domain.fencing import Fence, fence_for
-from domain.state import RunState, apply, fold
-from projections.portable_state import PortableStateFold
-from projections.replay import PrefixOutline, ReplayCursor, ReplayStep, prefix_steps
+from baton.adapters.eventstore.mapper import MsgspecMapper, StoredRunEvent, decode_recorded
+from baton.domain import errors
+from baton.domain.canonical import digest_of
+from baton.domain.chain import ChainReport, seal_stored, verify_chain
+from baton.domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
+from baton.domain.decide import decide, envelope_epoch, positional_text, screened_texts
+from baton.domain.errors import ChainBroken
+from baton.domain.events import IntentRecorded, RecordedEvent
+from baton.domain.fencing import Fence, fence_for
+from baton.domain.state import RunState, apply, fold
+from baton.projections.portable_state import PortableStateFold
+from baton.projections.replay import PrefixOutline, ReplayCursor, ReplayStep, prefix_steps
 
 if TYPE_CHECKING:
-    from adapters.eventstore.postgres_async import AsyncAppends
+    from baton.adapters.eventstore.postgres_async import AsyncAppends
 
 __all__ = ["SNAPSHOT_EVERY", "RunLedger", "submission_digest"]
 

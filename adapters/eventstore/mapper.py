@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from eventsourcing.persistence import Mapper, StoredEvent
 
-from domain.events import EVENT_TYPES, RecordedEvent
+from baton.domain.events import EVENT_TYPES, RecordedEvent
 
 __all__ = ["MsgspecMapper", "StoredRunEvent", "TOPIC_PREFIX"]
 

@@ -21,11 +21,11 @@ from eventsourcing.persistence import OperationalError, StoredEvent
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 
-from adapters.eventstore.fenced import Riders, SubmissionRow, fence_missed
-from domain.fencing import Fence
+from baton.adapters.eventstore.fenced import Riders, SubmissionRow, fence_missed
+from baton.domain.fencing import Fence
 
 if TYPE_CHECKING:
-    from adapters.eventstore.postgres_recorder import FencedPostgresRecorder
+    from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
 
 __all__ = ["AsyncAppends"]
 

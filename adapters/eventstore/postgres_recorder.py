@@ -35,7 +35,7 @@ from psycopg import pq
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
-from adapters.eventstore.fenced import (
+from baton.adapters.eventstore.fenced import (
     AppendConflict,
     DuplicateSubmission,
     FenceViolation,
@@ -45,8 +45,8 @@ from adapters.eventstore.fenced import (
     fence_missed,
     library_error_class,
 )
-from adapters.eventstore.postgres_async import AsyncAppends
-from domain.fencing import Fence
+from baton.adapters.eventstore.postgres_async import AsyncAppends
+from baton.domain.fencing import Fence
 
 PAGE = 1000  # rows per page of a run's history (a resume finds fewer than 100 behind its snapshot)
 MAX_POSITION = 2**63 - 1

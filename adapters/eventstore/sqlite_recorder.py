@@ -25,7 +25,7 @@ from eventsourcing.sqlite import (
     SQLiteDatastore,
 )
 
-from adapters.eventstore.fenced import (
+from baton.adapters.eventstore.fenced import (
     AppendConflict,
     DuplicateSubmission,
     FenceViolation,
@@ -34,8 +34,8 @@ from adapters.eventstore.fenced import (
     library_error_class,
     sorted_fences,
 )
-from adapters.eventstore.sqlite_checkpoints import WalCheckpointer
-from domain.fencing import Fence
+from baton.adapters.eventstore.sqlite_checkpoints import WalCheckpointer
+from baton.domain.fencing import Fence
 
 __all__ = ["FencedSQLiteRecorder"]
 

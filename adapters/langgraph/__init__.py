@@ -13,7 +13,7 @@ __all__ = ["BatonSaver"]
 
 def __getattr__(name: str) -> Any:
     if name == "BatonSaver":
-        from adapters.langgraph.saver import BatonSaver  # noqa: PLC0415 - LangGraph is an optional extra
+        from baton.adapters.langgraph.saver import BatonSaver  # noqa: PLC0415 - LangGraph is an optional extra
 
         return BatonSaver
     raise AttributeError(name)

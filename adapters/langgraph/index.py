@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from adapters.eventstore.blobs import BlobStore, SqlConnection
-from domain.events import (
+from baton.adapters.eventstore.blobs import BlobStore, SqlConnection
+from baton.domain.events import (
     CheckpointRecorded,
     CheckpointsHidden,
     Event,

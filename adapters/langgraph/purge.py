@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from adapters.eventstore import RunLedger
-from adapters.eventstore.blobs import BlobStore, SqlConnection
-from adapters.langgraph.index import ThreadIndex, referenced_digests
-from domain import errors
-from domain.commands import PurgeThread, Submission
-from domain.events import CheckpointRecorded, WritesRecorded
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.blobs import BlobStore, SqlConnection
+from baton.adapters.langgraph.index import ThreadIndex, referenced_digests
+from baton.domain import errors
+from baton.domain.commands import PurgeThread, Submission
+from baton.domain.events import CheckpointRecorded, WritesRecorded
 
 __all__ = ["PurgeReport", "purge_thread"]
 

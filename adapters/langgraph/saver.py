@@ -36,14 +36,14 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from adapters.bootstrap import open_ledger
-from adapters.clock import Clock
-from adapters.eventstore import RunLedger
-from adapters.eventstore.blobs import BlobStore, SqlConnection, blob_digest
-from adapters.eventstore.fenced import Riders
-from adapters.langgraph.index import CheckpointRow, Document, ThreadIndex, WriteRow, decode_document
-from domain import errors
-from domain.commands import (
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.clock import Clock
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.blobs import BlobStore, SqlConnection, blob_digest
+from baton.adapters.eventstore.fenced import Riders
+from baton.adapters.langgraph.index import CheckpointRow, Document, ThreadIndex, WriteRow, decode_document
+from baton.domain import errors
+from baton.domain.commands import (
     AcquireLease,
     Command,
     DeleteThread,
@@ -57,7 +57,7 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.events import BlobRef, ChannelWrite, CheckpointRecorded, Event, Placement, WritesRecorded
+from baton.domain.events import BlobRef, ChannelWrite, CheckpointRecorded, Event, Placement, WritesRecorded
 
 __all__ = ["BatonSaver"]
 
@@ -673,7 +673,7 @@ def _position(verdict: Verdict) -> int:
 
 
 def _store_url() -> str:
-    from adapters.settings import StoreSettings  # noqa: PLC0415 - only for the default URL
+    from baton.adapters.settings import StoreSettings  # noqa: PLC0415 - only for the default URL
 
     return StoreSettings.resolve(None).url
 

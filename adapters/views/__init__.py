@@ -5,11 +5,11 @@ batch writes view rows, per-run fold states and its tracking row in one transact
 docs/analytics.md.
 """
 
-from adapters.views.postgres_views import PostgresViews
-from adapters.views.progress import ProgressLine
-from adapters.views.runner import DEFAULT_BATCH, CatchUp, EventSource, ViewRunner
-from adapters.views.sqlite_views import SQLiteViews
-from adapters.views.tables import ViewStore, ViewTables
+from baton.adapters.views.postgres_views import PostgresViews
+from baton.adapters.views.progress import ProgressLine
+from baton.adapters.views.runner import DEFAULT_BATCH, CatchUp, EventSource, ViewRunner
+from baton.adapters.views.sqlite_views import SQLiteViews
+from baton.adapters.views.tables import ViewStore, ViewTables
 
 __all__ = [
     "DEFAULT_BATCH",

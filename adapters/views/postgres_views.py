@@ -18,11 +18,11 @@ from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
 from eventsourcing.utils import retry
 from psycopg.sql import SQL, Composed, Identifier
 
-from adapters.views.rows import ViewBatch, run_state_params
-from adapters.views.tables import StaleBatch, ViewTables
-from domain.budgets import COUNTERS
-from domain.events import RecordedEvent
-from projections.budget_usage import DIMENSIONS
+from baton.adapters.views.rows import ViewBatch, run_state_params
+from baton.adapters.views.tables import StaleBatch, ViewTables
+from baton.domain.budgets import COUNTERS
+from baton.domain.events import RecordedEvent
+from baton.projections.budget_usage import DIMENSIONS
 
 __all__ = ["PostgresViews"]
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from domain.budgets import COUNTERS, Usage
-from domain.errors import ChainBroken, StoreUnavailable
-from domain.events import Placement, RecordedEvent
-from projections.budget_usage import BudgetUsageFold, Dimension
-from projections.portable_state import PortableStateFold, ResumeState, fresh_resume_state
-from projections.resumability import Resumability, classify, summary_of
+from baton.domain.budgets import COUNTERS, Usage
+from baton.domain.errors import ChainBroken, StoreUnavailable
+from baton.domain.events import Placement, RecordedEvent
+from baton.projections.budget_usage import BudgetUsageFold, Dimension
+from baton.projections.portable_state import PortableStateFold, ResumeState, fresh_resume_state
+from baton.projections.resumability import Resumability, classify, summary_of
 
 __all__ = [
     "BudgetRow",

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from adapters.views.tables import StaleBatch, ViewStore, ViewTables
-from domain.events import RecordedEvent
+from baton.adapters.views.tables import StaleBatch, ViewStore, ViewTables
+from baton.domain.events import RecordedEvent
 
 __all__ = ["DEFAULT_BATCH", "CatchUp", "EventSource", "Progress", "StopSignal", "ViewRunner"]
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from eventsourcing.persistence import Tracking
 from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTrackingRecorder
 
-from adapters.views.rows import ViewBatch, run_state_params
-from adapters.views.tables import StaleBatch, ViewTables
-from domain.budgets import COUNTERS
-from domain.events import RecordedEvent
-from projections.budget_usage import DIMENSIONS
+from baton.adapters.views.rows import ViewBatch, run_state_params
+from baton.adapters.views.tables import StaleBatch, ViewTables
+from baton.domain.budgets import COUNTERS
+from baton.domain.events import RecordedEvent
+from baton.projections.budget_usage import DIMENSIONS
 
 __all__ = ["SQLiteViews"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from domain.events import RecordedEvent
+from baton.domain.events import RecordedEvent
 
 __all__ = ["REBUILD_SUFFIX", "StaleBatch", "ViewStore", "ViewTables"]
 

@@ -18,9 +18,9 @@ from typing import Annotated, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
-from adapters.bootstrap import init_store
-from adapters.langgraph import BatonSaver
-from domain.errors import StaleEpoch
+from baton.adapters.bootstrap import init_store
+from baton.adapters.langgraph import BatonSaver
+from baton.domain.errors import StaleEpoch
 
 THREAD = "demo-thread"
 STEPS = 6

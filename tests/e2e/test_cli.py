@@ -26,7 +26,7 @@ def baton(
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != "BATON_STORE"} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *args],
+        [sys.executable, "-m", "baton.adapters.cli", *args],
         cwd=cwd,
         input=stdin,
         capture_output=True,

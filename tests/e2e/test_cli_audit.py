@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_cli import baton, lines, rewrite_worker
 
-from adapters import cli_audit
-from adapters.cli import main
+from baton.adapters import cli_audit
+from baton.adapters.cli import main
 
 
 def in_process(*args: str) -> tuple[int, str]:

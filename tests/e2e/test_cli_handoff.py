@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_cli import baton, lines
 
-from domain.handoff_document import state_digest_of
+from baton.domain.handoff_document import state_digest_of
 
 STATE = {"goal": "fix the flaky retry", "candidates": [{"patch": "p1", "verdict": "pending"}]}
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from adapters import handoff
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.commands import (
+from baton.adapters import handoff
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.commands import (
     AcquireLease,
     GrantApproval,
     GrantAuthority,
@@ -31,11 +31,11 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import BlobRef, IntentContext, Placement
-from domain.stages import Stage
-from projections.audit import audit_events
-from projections.resumability import ResumabilityClass, classify, summary_of
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, Placement
+from baton.domain.stages import Stage
+from baton.projections.audit import audit_events
+from baton.projections.resumability import ResumabilityClass, classify, summary_of
 
 RUN = "fix-flaky-retry"
 P = "sha256:" + "aa" * 32  # hash of the patch

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from test_cli import baton, lines, rewrite_worker
 
-from adapters.report import render_html
-from domain.budgets import Ceilings, Usage
-from domain.events import (
+from baton.adapters.report import render_html
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.events import (
     BlobRef,
     HandoffAccepted,
     HandoffPrepared,
@@ -30,8 +30,8 @@ from domain.events import (
     RunOpened,
     StageReserved,
 )
-from domain.stages import Stage
-from projections.report import build_report
+from baton.domain.stages import Stage
+from baton.projections.report import build_report
 
 # Seconds for apt-get update and install together: under pytest-timeout's 300 s per test, which
 # counts this session fixture's set-up against the first test that asks for it, so that a slow

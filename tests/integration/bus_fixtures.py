@@ -13,8 +13,8 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from adapters.bootstrap import init_store
-from adapters.local_servers import LocalNats, LocalTansu
+from baton.adapters.bootstrap import init_store
+from tests.support.local_servers import LocalNats, LocalTansu
 
 __all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]
 

@@ -18,10 +18,10 @@ import msgspec
 import nats
 from nats.aio.client import Client as NatsClient
 
-from adapters.wire import decode_verdict, encode_submission
-from domain.budgets import Ceilings
-from domain.commands import AcquireLease, Command, ExpireLease, OpenRun, RecordIntent, Submission, Verdict
-from domain.events import BlobRef, IntentContext, Placement, RecordedEvent
+from baton.adapters.wire import decode_verdict, encode_submission
+from baton.domain.budgets import Ceilings
+from baton.domain.commands import AcquireLease, Command, ExpireLease, OpenRun, RecordIntent, Submission, Verdict
+from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent
 
 __all__ = [
     "BackgroundLoop",
@@ -168,8 +168,8 @@ async def _worker(nats_url: str, run_id: str, role: str, intents: int, log: list
 
 def doomed_service(store_url: str, nats_url: str, committed: Any) -> None:
     """Serves durable submissions but hangs before acknowledging: the test SIGKILLs it there."""
-    from adapters.bootstrap import open_ledger
-    from adapters.bus import NatsBus, NatsOptions
+    from baton.adapters.bootstrap import open_ledger
+    from baton.adapters.bus import NatsBus, NatsOptions
 
     async def hang_before_ack() -> None:
         committed.set()

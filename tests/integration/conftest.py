@@ -14,9 +14,9 @@ import pytest
 from bus_fixtures import bus_store_url, nats_server, nats_url, tansu_server
 from integration_support import LedgerFactory, RawStore
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import Clock, ManualClock
-from adapters.eventstore import RunLedger
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import Clock, ManualClock
+from baton.adapters.eventstore import RunLedger
 
 __all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]  # the bus fixtures, registered here
 

@@ -20,11 +20,11 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 import psycopg
 
-from adapters.bootstrap import open_ledger
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.budgets import Ceilings
-from domain.commands import (
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.budgets import Ceilings
+from baton.domain.commands import (
     AcquireLease,
     Command,
     ExpireLease,
@@ -34,7 +34,7 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.events import BlobRef, IntentContext, Placement
+from baton.domain.events import BlobRef, IntentContext, Placement
 
 __all__ = [
     "T0",

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from adapters.bootstrap import open_ledger
-from domain.commands import (
+from baton.adapters.bootstrap import open_ledger
+from baton.domain.commands import (
     AcquireLease,
     Command,
     RecordIntent,
@@ -27,8 +27,8 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import IntentContext, Placement
+from baton.domain.decide import context_digest
+from baton.domain.events import IntentContext, Placement
 
 __all__ = ["soak_worker"]
 

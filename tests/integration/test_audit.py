@@ -12,20 +12,20 @@ import msgspec
 import pytest
 from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters import audit_runner
-from adapters.audit_runner import audit_store
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from adapters.eventstore.audit_reader import stored_rows
-from adapters.eventstore.mapper import TOPIC_PREFIX
-from domain.budgets import Usage
-from domain.canonical import canonical_bytes
-from domain.chain import seal
-from domain.commands import RecordIntent, RecordObservation, RecordTransition, ReleaseLease, Submission
-from domain.decide import context_digest
-from domain.events import IntentRecorded, RecordedEvent
-from domain.stages import Stage
-from projections.audit import Problem
+from baton.adapters import audit_runner
+from baton.adapters.audit_runner import audit_store
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.audit_reader import stored_rows
+from baton.adapters.eventstore.mapper import TOPIC_PREFIX
+from baton.domain.budgets import Usage
+from baton.domain.canonical import canonical_bytes
+from baton.domain.chain import seal
+from baton.domain.commands import RecordIntent, RecordObservation, RecordTransition, ReleaseLease, Submission
+from baton.domain.decide import context_digest
+from baton.domain.events import IntentRecorded, RecordedEvent
+from baton.domain.stages import Stage
+from baton.projections.audit import Problem
 
 RUN = "audited"
 OTHER = "bystander"

@@ -18,14 +18,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, submission
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.bus import KafkaBus
-from adapters.bus.kafka_app import EVENTS_TOPIC, SUBMISSIONS_TOPIC
-from adapters.eventstore import RunLedger
-from adapters.local_servers import LocalPostgres, LocalTansu
-from adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
-from domain.commands import ExpireLease, Submission, Verdict
-from domain.events import RecordedEvent
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bus import KafkaBus
+from baton.adapters.bus.kafka_app import EVENTS_TOPIC, SUBMISSIONS_TOPIC
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
+from baton.domain.commands import ExpireLease, Submission, Verdict
+from baton.domain.events import RecordedEvent
+from tests.support.local_servers import LocalPostgres, LocalTansu
 
 pytestmark = pytest.mark.timeout(180)
 

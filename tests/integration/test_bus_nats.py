@@ -31,13 +31,13 @@ from bus_support import (
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from adapters.bootstrap import open_ledger
-from adapters.bus import NatsBus, NatsOptions, nats_app, nats_consumers
-from adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
-from adapters.eventstore import RunLedger
-from adapters.local_servers import LocalNats
-from adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
-from domain.commands import ExpireLease, Submission, Verdict
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.bus import NatsBus, NatsOptions, nats_app, nats_consumers
+from baton.adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
+from baton.domain.commands import ExpireLease, Submission, Verdict
+from tests.support.local_servers import LocalNats
 
 pytestmark = pytest.mark.timeout(120)
 

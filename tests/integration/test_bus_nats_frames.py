@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
-from adapters.bus.nats_frames import hpub, pub, writable, write
+from baton.adapters.bus.nats_frames import hpub, pub, writable, write
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,8 +23,8 @@ import pytest
 from bus_support import TIMEOUT, eventually, stream_events, worker_process
 from integration_support import reports_of
 
-from adapters.bootstrap import open_ledger
-from domain.events import RecordedEvent
+from baton.adapters.bootstrap import open_ledger
+from baton.domain.events import RecordedEvent
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,7 +36,7 @@ class Serve:
     """A ``baton serve`` process; its stdout lines are collected by a thread."""
 
     def __init__(self, nats_url: str, store_url: str) -> None:
-        command = [sys.executable, "-m", "adapters.cli", "serve", "--bus", nats_url, "--store", store_url]
+        command = [sys.executable, "-m", "baton.adapters.cli", "serve", "--bus", nats_url, "--store", store_url]
         self.proc = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
         )

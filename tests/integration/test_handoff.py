@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters import handoff
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.budgets import Ceilings, Usage
-from domain.commands import (
+from baton.adapters import handoff
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.commands import (
     AcceptHandoff,
     AcquireLease,
     OpenRun,
@@ -30,11 +30,11 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import BlobRef, HandoffAccepted, HandoffPrepared, IntentContext, LeaseGranted, Placement
-from domain.handoff_document import decode_document, document_digest, encode_document, state_digest_of
-from domain.stages import Stage
-from projections.audit import audit_events
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, HandoffAccepted, HandoffPrepared, IntentContext, LeaseGranted, Placement
+from baton.domain.handoff_document import decode_document, document_digest, encode_document, state_digest_of
+from baton.domain.stages import Stage
+from baton.projections.audit import audit_events
 
 RUN = "run-handoff"
 NONCANONICAL = "noncanonical_document"

@@ -7,8 +7,8 @@ from collections.abc import AsyncGenerator
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 
-from adapters.bootstrap import init_store
-from adapters.langgraph import BatonSaver
+from baton.adapters.bootstrap import init_store
+from baton.adapters.langgraph import BatonSaver
 
 
 def test_baton_saver_passes_langgraph_conformance(store_url: str) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import ManualClock
-from adapters.langgraph import BatonSaver
-from domain import errors
-from domain.events import CheckpointRecorded
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.langgraph import BatonSaver
+from baton.domain import errors
+from baton.domain.events import CheckpointRecorded
 
 THREAD = "thread-1"
 TTL_MS = 10_000

@@ -7,10 +7,10 @@ from typing import Any
 
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from adapters.bootstrap import init_store
-from adapters.clock import ManualClock
-from adapters.langgraph import BatonSaver
-from adapters.langgraph.index import decode_document, referenced_digests
+from baton.adapters.bootstrap import init_store
+from baton.adapters.clock import ManualClock
+from baton.adapters.langgraph import BatonSaver
+from baton.adapters.langgraph.index import decode_document, referenced_digests
 
 TTL_MS = 10_000
 

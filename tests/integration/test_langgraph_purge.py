@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.cli import main
-from adapters.eventstore.blobs import BlobStore, SqlConnection
-from adapters.langgraph import BatonSaver
-from domain.events import CheckpointRecorded, ThreadDeleted, ThreadPurged
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.cli import main
+from baton.adapters.eventstore.blobs import BlobStore, SqlConnection
+from baton.adapters.langgraph import BatonSaver
+from baton.domain.events import CheckpointRecorded, ThreadDeleted, ThreadPurged
 
 
 def test_purge_erases_blobs_keeps_events_and_spares_shared_blobs(store_url: str) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run, positions
 
-from adapters.clock import ManualClock
+from baton.adapters.clock import ManualClock
 
 
 def test_an_async_append_is_one_link_of_the_chain_and_its_retry_is_a_duplicate(

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.budgets import COUNTERS, Ceilings, Usage
-from domain.chain import verify_chain
-from domain.commands import (
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.budgets import COUNTERS, Ceilings, Usage
+from baton.domain.chain import verify_chain
+from baton.domain.commands import (
     AcquireLease,
     Command,
     ExpireLease,
@@ -30,9 +30,9 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import BlobRef, IntentContext, LeaseExpired, LeaseGranted, LeaseReleased, Placement, RunOpened
-from domain.stages import Stage
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, LeaseExpired, LeaseGranted, LeaseReleased, Placement, RunOpened
+from baton.domain.stages import Stage
 
 WORKERS = ("w1", "w2", "w3")
 CEILINGS = Ceilings(calls=4, stages=3)

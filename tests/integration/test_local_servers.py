@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from adapters.local_servers import LocalPostgres
+from tests.support.local_servers import LocalPostgres
 
 
 def test_server_accepts_connections(postgres_server: LocalPostgres) -> None:

@@ -13,11 +13,11 @@ import pytest
 from eventsourcing.persistence import DataError, ProgrammingError, StoredEvent
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters.bootstrap import open_ledger
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from adapters.eventstore.fenced import SubmissionRow
-from domain.fencing import Fence
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.fenced import SubmissionRow
+from baton.domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 

@@ -6,10 +6,10 @@ import msgspec
 import pytest
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters.eventstore.ledger import SNAPSHOT_EVERY, RunLedger
-from domain.commands import RecordObservation
-from domain.decide import context_digest
-from projections.resumability import summary_of
+from baton.adapters.eventstore.ledger import SNAPSHOT_EVERY, RunLedger
+from baton.domain.commands import RecordObservation
+from baton.domain.decide import context_digest
+from baton.projections.resumability import summary_of
 
 RUN = "run-snap"
 

@@ -17,9 +17,9 @@ import pytest
 from integration_support import LedgerFactory, RawStore, open_run, reports_of
 from soak_support import soak_worker
 
-from adapters.audit_runner import audit_store
-from adapters.clock import SystemClock
-from domain.events import LeaseGranted
+from baton.adapters.audit_runner import audit_store
+from baton.adapters.clock import SystemClock
+from baton.domain.events import LeaseGranted
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -28,8 +28,8 @@ from integration_support import (
     reports_of,
 )
 
-from adapters.clock import ManualClock
-from domain.events import LeaseExpired, LeaseGranted
+from baton.adapters.clock import ManualClock
+from baton.domain.events import LeaseExpired, LeaseGranted
 
 RUN = "split-brain"
 DEADLINE_S = 60.0  # a bound for a stuck run only: both loops stop as soon as they have what they need

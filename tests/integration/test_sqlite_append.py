@@ -10,10 +10,10 @@ import pytest
 from eventsourcing.persistence import StoredEvent
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters.eventstore import RunLedger
-from adapters.eventstore.fenced import AppendConflict, DuplicateSubmission, RunRow, SubmissionRow
-from domain.errors import StoreUnavailable
-from domain.fencing import Fence
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.fenced import AppendConflict, DuplicateSubmission, RunRow, SubmissionRow
+from baton.domain.errors import StoreUnavailable
+from baton.domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 

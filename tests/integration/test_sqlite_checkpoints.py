@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from integration_support import LedgerFactory, Submitter, intent, open_run
 
-from adapters.eventstore.sqlite_checkpoints import WalCheckpointer
+from baton.adapters.eventstore.sqlite_checkpoints import WalCheckpointer
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -71,9 +71,9 @@ def test_a_process_that_never_closes_its_ledger_still_leaves_no_wal(store_url: s
         f"""
         import time
 
-        from adapters.bootstrap import init_store, open_ledger
-        from domain.commands import OpenRun, Submission
-        from domain.events import BlobRef
+        from baton.adapters.bootstrap import init_store, open_ledger
+        from baton.domain.commands import OpenRun, Submission
+        from baton.domain.events import BlobRef
 
         init_store({store_url!r})
         ledger = open_ledger({store_url!r})

@@ -18,17 +18,17 @@ import pytest
 from eventsourcing.persistence import OperationalError
 from integration_support import T0, TASK, LedgerFactory, RawStore, Submitter, intent, open_run, positions
 
-from adapters.bootstrap import init_store
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from adapters.eventstore import ledger as ledger_module
-from adapters.eventstore.fenced import FenceViolation
-from domain.budgets import Ceilings
-from domain.commands import OpenRun, RecordObservation, RecordTransition, RenewLease, Submission, Verdict
-from domain.decide import context_digest
-from domain.errors import StoreUnavailable
-from domain.events import ObservationRecorded
-from domain.stages import Stage
+from baton.adapters.bootstrap import init_store
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore import ledger as ledger_module
+from baton.adapters.eventstore.fenced import FenceViolation
+from baton.domain.budgets import Ceilings
+from baton.domain.commands import OpenRun, RecordObservation, RecordTransition, RenewLease, Submission, Verdict
+from baton.domain.decide import context_digest
+from baton.domain.errors import StoreUnavailable
+from baton.domain.events import ObservationRecorded
+from baton.domain.stages import Stage
 
 RUN = "run-1"
 STATE_DIGEST = "sha256:" + "cd" * 32

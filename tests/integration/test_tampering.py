@@ -17,13 +17,13 @@ import msgspec
 import pytest
 from integration_support import T0, LedgerFactory, RawStore, Submitter, intent, open_run
 
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.chain import envelope_digest
-from domain.commands import RecordObservation, RecordTransition
-from domain.decide import context_digest
-from domain.errors import ChainBroken
-from domain.stages import Stage
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.chain import envelope_digest
+from baton.domain.commands import RecordObservation, RecordTransition
+from baton.domain.decide import context_digest
+from baton.domain.errors import ChainBroken
+from baton.domain.stages import Stage
 
 RUN = "audited"
 

@@ -28,11 +28,11 @@ from views_support import (
     write_runs,
 )
 
-from adapters.bootstrap import open_ledger, open_views
-from adapters.cli import main
-from adapters.views import CatchUp, ViewRunner
-from adapters.views.tables import StaleBatch
-from domain.events import RecordedEvent
+from baton.adapters.bootstrap import open_ledger, open_views
+from baton.adapters.cli import main
+from baton.adapters.views import CatchUp, ViewRunner
+from baton.adapters.views.tables import StaleBatch
+from baton.domain.events import RecordedEvent
 
 LEDGER = "BatonLedger"
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from bus_support import BackgroundLoop
 
-from adapters.bootstrap import init_store, open_ledger
-from adapters.bus import NatsBus
-from adapters.eventstore import RunLedger
-from adapters.worker import LedgerTransport, NatsTransport, Transport, Worker
-from domain import errors
-from domain.events import IntentContext, Placement
-from domain.stages import Stage
-from projections.audit import audit_events
-from projections.resumability import ResumabilityClass
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bus import NatsBus
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.worker import LedgerTransport, NatsTransport, Transport, Worker
+from baton.domain import errors
+from baton.domain.events import IntentContext, Placement
+from baton.domain.stages import Stage
+from baton.projections.audit import audit_events
+from baton.projections.resumability import ResumabilityClass
 
 RUN = "worker-client-run"
 STATE: dict[str, Any] = {"goal": "summarise the incident", "candidates": []}

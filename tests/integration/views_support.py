@@ -16,11 +16,11 @@ from typing import Any
 
 from integration_support import TASK, RawStore
 
-from adapters.bootstrap import open_ledger, open_views
-from adapters.clock import ManualClock
-from adapters.eventstore import RunLedger
-from domain.budgets import COUNTERS, Usage
-from domain.commands import (
+from baton.adapters.bootstrap import open_ledger, open_views
+from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore import RunLedger
+from baton.domain.budgets import COUNTERS, Usage
+from baton.domain.commands import (
     AcquireLease,
     CompleteRun,
     FailRun,
@@ -34,11 +34,11 @@ from domain.commands import (
     Submission,
     Verdict,
 )
-from domain.decide import context_digest
-from domain.events import IntentContext, Placement, RecordedEvent
-from domain.stages import Stage, is_legal
-from projections.budget_usage import budget_usage
-from projections.resumability import classify, summarize
+from baton.domain.decide import context_digest
+from baton.domain.events import IntentContext, Placement, RecordedEvent
+from baton.domain.stages import Stage, is_legal
+from baton.projections.budget_usage import budget_usage
+from baton.projections.resumability import classify, summarize
 
 __all__ = [
     "VIEW_RUNNER_APP",

@@ -6,10 +6,10 @@ import asyncio
 
 from nats.aio.client import Client as NatsClient
 
-from adapters.bus.nats_app import _EVENT_HEADERS, _JetStreamSink, events_subject
-from adapters.bus.nats_frames import hpub, hpub_block, plain, pub
-from adapters.bus.relay import encode_event
-from domain.events import LeaseReleased, RecordedEvent
+from baton.adapters.bus.nats_app import _EVENT_HEADERS, _JetStreamSink, events_subject
+from baton.adapters.bus.nats_frames import hpub, hpub_block, plain, pub
+from baton.adapters.bus.relay import encode_event
+from baton.domain.events import LeaseReleased, RecordedEvent
 
 HEADERS = {
     "Nats-Msg-Id": "run-1:7",

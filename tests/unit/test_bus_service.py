@@ -7,10 +7,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from adapters.bus.service import SubmissionService
-from adapters.wire import encode_submission
-from domain.commands import ReleaseLease, Submission, Verdict
-from domain.events import RecordedEvent
+from baton.adapters.bus.service import SubmissionService
+from baton.adapters.wire import encode_submission
+from baton.domain.commands import ReleaseLease, Submission, Verdict
+from baton.domain.events import RecordedEvent
 
 
 class FakeLedger:

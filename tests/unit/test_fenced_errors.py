@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from adapters.eventstore.fenced import library_error_class
+from baton.adapters.eventstore.fenced import library_error_class
 
 # PEP 249's error classes, as the standard library's driver defines them
 NAMES = sorted(

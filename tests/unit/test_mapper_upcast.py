@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters.eventstore.mapper import TOPIC_PREFIX, decode_recorded
-from domain.events import LeaseExpired
+from baton.adapters.eventstore.mapper import TOPIC_PREFIX, decode_recorded
+from baton.domain.events import LeaseExpired
 
 TOPIC = TOPIC_PREFIX + "LeaseExpired"
 

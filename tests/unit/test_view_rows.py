@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.views.progress import render
-from adapters.views.rows import ViewBatch
-from domain.budgets import COUNTERS, Usage
-from domain.errors import ChainBroken
-from domain.events import Placement, RecordedEvent
-from projections.budget_usage import budget_usage
-from projections.resumability import classify, summarize
+from baton.adapters.views.progress import render
+from baton.adapters.views.rows import ViewBatch
+from baton.domain.budgets import COUNTERS, Usage
+from baton.domain.errors import ChainBroken
+from baton.domain.events import Placement, RecordedEvent
+from baton.projections.budget_usage import budget_usage
+from baton.projections.resumability import classify, summarize
 
 from .projections.histories import histories
 

@@ -14,10 +14,10 @@ from typing import Any, Literal, TypeVar
 
 import pytest
 
-from domain import errors
-from domain.budgets import Ceilings
-from domain.chain import seal
-from domain.commands import (
+from baton.domain import errors
+from baton.domain.budgets import Ceilings
+from baton.domain.chain import seal
+from baton.domain.commands import (
     AcquireLease,
     Command,
     OpenRun,
@@ -26,10 +26,10 @@ from domain.commands import (
     RecordTransition,
     Submission,
 )
-from domain.decide import context_digest, decide, envelope_epoch
-from domain.events import BlobRef, Event, IntentContext, Placement, RecordedEvent
-from domain.stages import Stage
-from domain.state import RunState, apply
+from baton.domain.decide import context_digest, decide, envelope_epoch
+from baton.domain.events import BlobRef, Event, IntentContext, Placement, RecordedEvent
+from baton.domain.stages import Stage
+from baton.domain.state import RunState, apply
 
 __all__ = [
     "RUN",

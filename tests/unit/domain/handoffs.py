@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.budgets import Ceilings, Usage
-from domain.checkpoint import PortableState
-from domain.events import Placement
-from domain.handoff_document import HandoffDocument, state_digest_of
-from domain.migrations import migrate
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.checkpoint import PortableState
+from baton.domain.events import Placement
+from baton.domain.handoff_document import HandoffDocument, state_digest_of
+from baton.domain.migrations import migrate
 
 __all__ = ["CEILINGS", "DESTINATION", "PREDECESSOR", "SOURCE", "USAGE", "V1_STATE", "checkpoint", "document"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from domain.authority import gate
-from domain.commands import (
+from baton.domain.authority import gate
+from baton.domain.commands import (
     AcquireLease,
     DenyApproval,
     GrantApproval,
@@ -15,7 +15,7 @@ from domain.commands import (
     RecordIntent,
     RevokeAuthority,
 )
-from domain.events import AuthorityGranted, IntentContext
+from baton.domain.events import AuthorityGranted, IntentContext
 
 from .given import W1, W2, History, given, intent, placement, seconds
 

@@ -8,9 +8,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain import errors
-from domain.credentials import MAX_DEPTH, within_prefilter_bounds
-from domain.decide import (
+from baton.domain import errors
+from baton.domain.credentials import MAX_DEPTH, within_prefilter_bounds
+from baton.domain.decide import (
     MAX_ID_LENGTH,
     _check_bounds,
     _each_surely_bounded,

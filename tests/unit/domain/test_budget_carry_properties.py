@@ -13,11 +13,11 @@ from hypothesis import given as hypothesis_given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain import errors
-from domain.budgets import COUNTERS, Ceilings, Usage
-from domain.commands import AcceptHandoff, RecordIntent
-from domain.decide import decide
-from domain.handoff_document import document_digest, encode_document, local_allowance
+from baton.domain import errors
+from baton.domain.budgets import COUNTERS, Ceilings, Usage
+from baton.domain.commands import AcceptHandoff, RecordIntent
+from baton.domain.decide import decide
+from baton.domain.handoff_document import document_digest, encode_document, local_allowance
 
 from .given import History, context, given
 from .handoffs import checkpoint, document

@@ -6,8 +6,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain import errors
-from domain.budgets import COUNTERS, MAX_COUNTER, Usage, checked_add
+from baton.domain import errors
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Usage, checked_add
 
 COUNTER = st.one_of(st.integers(0, 3), st.integers(MAX_COUNTER - 3, MAX_COUNTER), st.integers(0, MAX_COUNTER))
 SO_FAR = st.fixed_dictionaries(dict.fromkeys(COUNTERS, COUNTER)).map(lambda counters: Usage(**counters))

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.budgets import Usage
-from domain.canonical import _reference_bytes, canonical_bytes, digest_of
-from domain.chain import EVENT_PREFIX, envelope_digest, hashed_part, seal, seal_stored, stored_bytes
-from domain.commands import ReleaseLease, RenewLease, Submission
-from domain.events import (
+from baton.domain.budgets import Usage
+from baton.domain.canonical import _reference_bytes, canonical_bytes, digest_of
+from baton.domain.chain import EVENT_PREFIX, envelope_digest, hashed_part, seal, seal_stored, stored_bytes
+from baton.domain.commands import ReleaseLease, RenewLease, Submission
+from baton.domain.events import (
     EVENT_TYPES,
     BlobRef,
     IntentContext,
@@ -28,7 +28,7 @@ from domain.events import (
     RecordedEvent,
     TransitionRecorded,
 )
-from domain.stages import Stage
+from baton.domain.stages import Stage
 
 
 class Color(enum.Enum):

@@ -13,12 +13,12 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.budgets import Usage
-from domain.canonical import ZERO_DIGEST, _reference_bytes, canonical_bytes, digest_of, struct_canonical_bytes
-from domain.chain import EVENT_PREFIX, envelope_bytes, seal_stored, stored_bytes, stored_form
-from domain.commands import RecordIntent
-from domain.decide import decide
-from domain.events import IntentContext, RecordedEvent
+from baton.domain.budgets import Usage
+from baton.domain.canonical import ZERO_DIGEST, _reference_bytes, canonical_bytes, digest_of, struct_canonical_bytes
+from baton.domain.chain import EVENT_PREFIX, envelope_bytes, seal_stored, stored_bytes, stored_form
+from baton.domain.commands import RecordIntent
+from baton.domain.decide import decide
+from baton.domain.events import IntentContext, RecordedEvent
 
 from .given import given as history
 from .test_canonical_differential import JSON, Number, outcome

@@ -15,14 +15,14 @@ import re
 import msgspec
 import pytest
 
-from domain import errors
-from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage, checked_add
-from domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, short
-from domain.chain import EVENT_PREFIX, seal, verify_chain
-from domain.commands import OpenRun, Submission
-from domain.decide import context_digest
-from domain.events import BlobRef, IntentContext, LeaseGranted, Placement, RecordedEvent, RunOpened
-from domain.stages import REWORKABLE, Stage, is_legal
+from baton.domain import errors
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage, checked_add
+from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, short
+from baton.domain.chain import EVENT_PREFIX, seal, verify_chain
+from baton.domain.commands import OpenRun, Submission
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, LeaseGranted, Placement, RecordedEvent, RunOpened
+from baton.domain.stages import REWORKABLE, Stage, is_legal
 
 # --------------------------------------------------------------------------------------------------
 # canonical_bytes

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain import credentials
-from domain.credentials import MAX_DEPTH, find_credential
+from baton.domain import credentials
+from baton.domain.credentials import MAX_DEPTH, find_credential
 
 ALNUM = "A7b9C2d4E6f8G1h3J5k7L9m2N4p6Q8r1S3t5"  # 36 mixed letters and digits
 PEM = "-----BEGIN " + "RSA PRIVATE KEY-----\nMIIEow...\n-----END RSA PRIVATE KEY-----"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from domain import errors
-from domain.budgets import MAX_COUNTER, Ceilings, Usage
-from domain.canonical import canonical_bytes
-from domain.commands import (
+from baton.domain import errors
+from baton.domain.budgets import MAX_COUNTER, Ceilings, Usage
+from baton.domain.canonical import canonical_bytes
+from baton.domain.commands import (
     AcquireLease,
     Command,
     CompleteRun,
@@ -28,7 +28,7 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.decide import (
+from baton.domain.decide import (
     MAX_ID_LENGTH,
     MAX_INLINE_BYTES,
     MAX_LIST_ITEMS,
@@ -37,7 +37,7 @@ from domain.decide import (
     context_digest,
     decide,
 )
-from domain.events import (
+from baton.domain.events import (
     BlobRef,
     CheckpointSealed,
     IntentReconciled,
@@ -53,8 +53,8 @@ from domain.events import (
     StageReserved,
     TransitionRecorded,
 )
-from domain.stages import Stage
-from domain.state import RunState
+from baton.domain.stages import Stage
+from baton.domain.state import RunState
 
 from .given import (
     RUN,

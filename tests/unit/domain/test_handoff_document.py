@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain import errors
-from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
-from domain.credentials import find_credential
-from domain.events import Placement
-from domain.handoff_document import (
+from baton.domain import errors
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
+from baton.domain.credentials import find_credential
+from baton.domain.events import Placement
+from baton.domain.handoff_document import (
     MAX_DOCUMENT_BYTES,
     MAX_STATE_DEPTH,
     SCHEMA,

@@ -32,10 +32,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from domain import errors
-from domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
-from domain.chain import seal, verify_chain
-from domain.commands import (
+from baton.domain import errors
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Ceilings, Usage
+from baton.domain.chain import seal, verify_chain
+from baton.domain.commands import (
     AcquireLease,
     Command,
     CompleteRun,
@@ -51,10 +51,10 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.decide import MAX_INLINE_BYTES, context_digest, decide, envelope_epoch
-from domain.events import BlobRef, FailureReason, IntentContext, LeaseGranted, RecordedEvent
-from domain.stages import Stage, is_legal
-from domain.state import RunState, evolve, fold
+from baton.domain.decide import MAX_INLINE_BYTES, context_digest, decide, envelope_epoch
+from baton.domain.events import BlobRef, FailureReason, IntentContext, LeaseGranted, RecordedEvent
+from baton.domain.stages import Stage, is_legal
+from baton.domain.state import RunState, evolve, fold
 
 from .given import RUN, T0, TASK, W1, W2, W3, altered, placement
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from domain import errors
-from domain.handoff_document import IDENTITY, Migration
-from domain.migrations import REGISTRY, MigrationRegistry, migrate, register
+from baton.domain import errors
+from baton.domain.handoff_document import IDENTITY, Migration
+from baton.domain.migrations import REGISTRY, MigrationRegistry, migrate, register
 
 V1: dict[str, Any] = {
     "goal": "make the tests pass",

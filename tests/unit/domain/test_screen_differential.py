@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain import credentials, errors
-from domain.budgets import Usage
-from domain.commands import Command, OpenRun, RecordIntent, RecordObservation
-from domain.decide import _check_bounds, _keyless, _screen, positional_text, screened_texts
-from domain.events import BlobRef, IntentContext
+from baton.domain import credentials, errors
+from baton.domain.budgets import Usage
+from baton.domain.commands import Command, OpenRun, RecordIntent, RecordObservation
+from baton.domain.decide import _check_bounds, _keyless, _screen, positional_text, screened_texts
+from baton.domain.events import BlobRef, IntentContext
 
 ALNUM = "A7b9C2d4E6f8G1h3J5k7L9m2N4p6Q8r1S3t5"
 SECRETS = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from domain.commands import (
+from baton.domain.commands import (
     CompleteRun,
     DeleteThread,
     HideCheckpoints,
@@ -11,7 +11,7 @@ from domain.commands import (
     PutCheckpoint,
     PutWrites,
 )
-from domain.events import (
+from baton.domain.events import (
     BlobRef,
     ChannelWrite,
     CheckpointRecorded,

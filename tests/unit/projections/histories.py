@@ -14,9 +14,9 @@ from typing import Any, Literal, TypeVar
 
 from hypothesis import strategies as st
 
-from domain import errors
-from domain.budgets import Ceilings, Usage
-from domain.commands import (
+from baton.domain import errors
+from baton.domain.budgets import Ceilings, Usage
+from baton.domain.commands import (
     AcquireLease,
     Command,
     CompleteRun,
@@ -36,9 +36,9 @@ from domain.commands import (
     RenewLease,
     SealCheckpoint,
 )
-from domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, RecordedEvent
-from domain.stages import Stage, is_legal
-from domain.state import RunState
+from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, RecordedEvent
+from baton.domain.stages import Stage, is_legal
+from baton.domain.state import RunState
 
 from ..domain.given import W1, W2, W3, given, seconds
 

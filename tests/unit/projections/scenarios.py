@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from domain.commands import (
+from baton.domain.commands import (
     AcquireLease,
     CompleteRun,
     FailRun,
     ReconcileIntent,
     ReleaseLease,
 )
-from domain.events import (
+from baton.domain.events import (
     Event,
     IntentReconciled,
     IntentRecorded,
@@ -34,7 +34,7 @@ from domain.events import (
     RunFailed,
     TransitionRecorded,
 )
-from projections.resumability import Resumability, classify, summarize
+from baton.projections.resumability import Resumability, classify, summarize
 
 from ..domain.given import T0, W1, W2, History, given, placement, seconds
 

@@ -14,13 +14,13 @@ from hypothesis import given as hypothesis_given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain.budgets import MAX_COUNTER, Ceilings, Usage
-from domain.canonical import canonical_bytes
-from domain.chain import seal, stored_bytes, verify_chain
-from domain.commands import CompleteRun, PurgeThread, ReleaseLease, Submission
-from domain.decide import context_digest
-from domain.errors import ChainBroken
-from domain.events import (
+from baton.domain.budgets import MAX_COUNTER, Ceilings, Usage
+from baton.domain.canonical import canonical_bytes
+from baton.domain.chain import seal, stored_bytes, verify_chain
+from baton.domain.commands import CompleteRun, PurgeThread, ReleaseLease, Submission
+from baton.domain.decide import context_digest
+from baton.domain.errors import ChainBroken
+from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
     AuthorityGranted,
@@ -41,12 +41,12 @@ from domain.events import (
     ThreadPurged,
     TransitionRecorded,
 )
-from domain.stages import Stage
-from domain.threads import PURGE_TOMBSTONE
-from projections import audit_handoff as handoff_rules
-from projections import audit_rules as run_rules
-from projections.audit import CODES, RULES, AuditFold, Problem, audit_events, audit_stored, tombstone
-from projections.audit_state import AuditState, LeaseRecord, PendingHandoff
+from baton.domain.stages import Stage
+from baton.domain.threads import PURGE_TOMBSTONE
+from baton.projections import audit_handoff as handoff_rules
+from baton.projections import audit_rules as run_rules
+from baton.projections.audit import CODES, RULES, AuditFold, Problem, audit_events, audit_stored, tombstone
+from baton.projections.audit_state import AuditState, LeaseRecord, PendingHandoff
 
 from ..domain.given import RUN, W1, W2, W3, History, altered, context, given, intent, placement, seconds
 from .histories import histories
@@ -464,8 +464,8 @@ def test_the_fenced_work_rule_is_the_three_rules_it_stands_for(
 ) -> None:
     """Given any run state and any envelope of fenced work, when ``fenced_work`` checks it, then it reports
     exactly what ``lifecycle``, ``fenced`` and ``not_pending`` report, in their order, and changes nothing else."""
-    from projections import audit_handoff, audit_rules
-    from projections.audit import fenced_work
+    from baton.projections import audit_handoff, audit_rules
+    from baton.projections.audit import fenced_work
 
     states = []
     for _ in range(2):
@@ -485,7 +485,7 @@ def test_the_fenced_work_rule_is_the_three_rules_it_stands_for(
 
 def test_the_fold_puts_fenced_work_in_place_of_the_usual_prefix_only() -> None:
     """Given the default rules and rules with another prefix, then the fold fuses exactly the usual prefix."""
-    from projections.audit import ENVELOPE_RULES, RULES, fenced_work
+    from baton.projections.audit import ENVELOPE_RULES, RULES, fenced_work
 
     fold = AuditFold(RUN)
     assert fold._chain(IntentRecorded) == (fenced_work, *RULES[IntentRecorded][2:])

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as tally
 from hypothesis import strategies as st
 
-from domain.budgets import Usage
-from domain.canonical import canonical_bytes, digest_of
-from domain.chain import EVENT_PREFIX, stored_bytes
-from domain.decide import CONTEXT_PREFIX, context_digest
-from domain.events import (
+from baton.domain.budgets import Usage
+from baton.domain.canonical import canonical_bytes, digest_of
+from baton.domain.chain import EVENT_PREFIX, stored_bytes
+from baton.domain.decide import CONTEXT_PREFIX, context_digest
+from baton.domain.events import (
     EVENT_TYPES,
     IntentContext,
     IntentReconciled,
@@ -22,8 +22,8 @@ from domain.events import (
     ObservationRecorded,
     RecordedEvent,
 )
-from projections.audit import AuditFold, audit_stored
-from projections.audit_digest import (
+from baton.projections.audit import AuditFold, audit_stored
+from baton.projections.audit_digest import (
     DECODER,
     WRITE_ERRORS,
     Unsupported,

@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from domain.budgets import Usage
-from domain.chain import seal
-from domain.commands import (
+from baton.domain.budgets import Usage
+from baton.domain.chain import seal
+from baton.domain.commands import (
     AbortHandoff,
     AcceptHandoff,
     DenyApproval,
@@ -28,8 +28,8 @@ from domain.commands import (
     SealCheckpoint,
     Submission,
 )
-from domain.decide import context_digest
-from domain.events import (
+from baton.domain.decide import context_digest
+from baton.domain.events import (
     ApprovalGranted,
     AuthorityGranted,
     AuthorityRevoked,
@@ -42,10 +42,10 @@ from domain.events import (
     LeaseGranted,
     RecordedEvent,
 )
-from domain.handoff_document import HandoffDocument, Migration, document_digest, encode_document, state_digest_of
-from domain.stages import Stage
-from projections.audit import CODES, Problem, audit_events, audit_stored
-from projections.portable_state import portable_state
+from baton.domain.handoff_document import HandoffDocument, Migration, document_digest, encode_document, state_digest_of
+from baton.domain.stages import Stage
+from baton.projections.audit import CODES, Problem, audit_events, audit_stored
+from baton.projections.portable_state import portable_state
 
 from ..domain.given import RUN, W1, W2, W3, History, given, placement, seconds
 

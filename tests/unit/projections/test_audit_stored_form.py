@@ -11,9 +11,9 @@ from hypothesis import given as hypothesis_given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from domain.budgets import Usage
-from domain.canonical import digest_of
-from domain.chain import (
+from baton.domain.budgets import Usage
+from baton.domain.canonical import digest_of
+from baton.domain.chain import (
     EVENT_PREFIX,
     envelope_digest,
     hashed_part,
@@ -22,13 +22,13 @@ from domain.chain import (
     stored_form,
     verify_chain,
 )
-from domain.commands import RenewLease, Submission
-from domain.decide import context_digest
-from domain.errors import ChainBroken
-from domain.events import IntentContext, IntentRecorded, RecordedEvent
-from domain.stages import Stage
-from projections.audit import AuditFold, audit_stored
-from projections.audit_digest import DECODER, Unsupported
+from baton.domain.commands import RenewLease, Submission
+from baton.domain.decide import context_digest
+from baton.domain.errors import ChainBroken
+from baton.domain.events import IntentContext, IntentRecorded, RecordedEvent
+from baton.domain.stages import Stage
+from baton.projections.audit import AuditFold, audit_stored
+from baton.projections.audit_digest import DECODER, Unsupported
 
 from ..domain.given import RUN, W1, given
 from ..domain.test_canonical_differential import EVERY_BODY

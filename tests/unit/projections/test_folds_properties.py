@@ -13,13 +13,13 @@ import msgspec
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from domain.budgets import COUNTERS
-from domain.chain import envelope_digest
-from domain.events import CheckpointSealed, IntentReconciled, IntentRecorded, ObservationRecorded, RecordedEvent
-from domain.state import fold
-from projections.portable_state import PortableStateFold, portable_state
-from projections.replay import ReplayFold, prefix_steps, replay_prefix
-from projections.resumability import ResumabilityClass, classify, summarize, summary_of
+from baton.domain.budgets import COUNTERS
+from baton.domain.chain import envelope_digest
+from baton.domain.events import CheckpointSealed, IntentReconciled, IntentRecorded, ObservationRecorded, RecordedEvent
+from baton.domain.state import fold
+from baton.projections.portable_state import PortableStateFold, portable_state
+from baton.projections.replay import ReplayFold, prefix_steps, replay_prefix
+from baton.projections.resumability import ResumabilityClass, classify, summarize, summary_of
 
 from ..domain.given import RUN, altered, placement
 from .histories import WORKERS, histories

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 import pytest
 
-from domain import errors
-from domain.commands import ReconcileIntent, RecordIntent, ReserveStage, SealCheckpoint
-from domain.decide import context_digest
-from domain.events import IntentContext
-from projections.replay import (
+from baton.domain import errors
+from baton.domain.commands import ReconcileIntent, RecordIntent, ReserveStage, SealCheckpoint
+from baton.domain.decide import context_digest
+from baton.domain.events import IntentContext
+from baton.projections.replay import (
     ReplayCursor,
     ReplayDivergence,
     ReplayFold,

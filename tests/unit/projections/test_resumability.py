@@ -12,10 +12,10 @@ import copy
 import msgspec
 import pytest
 
-from domain.commands import AcquireLease, ExpireLease, FailRun, ReleaseLease
-from domain.events import Placement
-from projections.portable_state import PortableStateFold
-from projections.resumability import Resumability, ResumabilityClass, classify, summarize, summary_of
+from baton.domain.commands import AcquireLease, ExpireLease, FailRun, ReleaseLease
+from baton.domain.events import Placement
+from baton.projections.portable_state import PortableStateFold
+from baton.projections.resumability import Resumability, ResumabilityClass, classify, summarize, summary_of
 
 from ..domain.given import RUN, W1, W2, History, given, placement, seconds
 from .scenarios import GPU, SCENARIOS, gpu_placement, verdict

@@ -1,0 +1,77 @@
+"""Baton: the run ledger for movable AI agents.
+
+``import baton`` is the public face: the worker client and its transports, the composition root's
+``open_ledger``, the LangGraph checkpointer and the error tree. Everything else is reachable under
+``baton.domain`` (pure rules), ``baton.projections`` (pure folds) and ``baton.adapters`` (I/O), whose
+layout docs/architecture.md describes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from baton.adapters.bootstrap import init_store, open_ledger
+    from baton.adapters.langgraph import BatonSaver
+    from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
+    from baton.domain.budgets import Ceilings, Usage
+    from baton.domain.commands import Submission, Verdict
+    from baton.domain.errors import BatonError, ConcurrencyConflict, Rejection, StoreUnavailable
+    from baton.domain.events import Placement
+    from baton.domain.stages import Stage
+
+# Each name is imported when first used, so ``import baton.domain`` stays free of I/O libraries
+# and LangGraph (an optional extra) is needed only for ``baton.BatonSaver``.
+_HOME = {
+    "Worker": "baton.adapters.worker",
+    "Resumed": "baton.adapters.worker",
+    "Transport": "baton.adapters.worker",
+    "LedgerTransport": "baton.adapters.worker",
+    "NatsTransport": "baton.adapters.worker",
+    "open_ledger": "baton.adapters.bootstrap",
+    "init_store": "baton.adapters.bootstrap",
+    "BatonSaver": "baton.adapters.langgraph",
+    "Ceilings": "baton.domain.budgets",
+    "Usage": "baton.domain.budgets",
+    "Placement": "baton.domain.events",
+    "Stage": "baton.domain.stages",
+    "Submission": "baton.domain.commands",
+    "Verdict": "baton.domain.commands",
+    "BatonError": "baton.domain.errors",
+    "Rejection": "baton.domain.errors",
+    "ConcurrencyConflict": "baton.domain.errors",
+    "StoreUnavailable": "baton.domain.errors",
+}
+
+__all__ = [
+    "Worker",
+    "Resumed",
+    "Transport",
+    "LedgerTransport",
+    "NatsTransport",
+    "open_ledger",
+    "init_store",
+    "BatonSaver",
+    "Ceilings",
+    "Usage",
+    "Placement",
+    "Stage",
+    "Submission",
+    "Verdict",
+    "BatonError",
+    "Rejection",
+    "ConcurrencyConflict",
+    "StoreUnavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'baton' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

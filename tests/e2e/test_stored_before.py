@@ -1,0 +1,50 @@
+"""Stores written by an earlier release still verify and audit clean: stored chains outlive code changes.
+
+The fixtures in ``tests/fixtures/written-at-c914c1b`` were written by commit c914c1b (before the
+canonical encoder was reduced to its reference definition): ``a.db`` holds the demo run and a run
+``r1`` handed off to another store, ``b.db`` that store, and ``r1.export.jsonl`` r1's export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from test_cli import baton
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "written-at-c914c1b"
+
+
+def copied(tmp_path: Path, name: str) -> str:
+    shutil.copy(FIXTURES / name, tmp_path / name)
+    return f"sqlite:///{tmp_path / name}"
+
+
+def test_a_store_written_before_audits_clean_and_every_chain_verifies(tmp_path: Path) -> None:
+    """Given the stores written at c914c1b, when audited and verified today, then no problem is found."""
+    for name, runs in (("a.db", 2), ("b.db", 1)):
+        store = copied(tmp_path, name)
+        audit = baton(tmp_path, "audit", "--all", "--store", store)
+        listed = [json.loads(line) for line in baton(tmp_path, "runs", "--json", "--store", store).stdout.splitlines()]
+
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        assert audit.stdout.strip().endswith(": ok") and f"audited {runs} runs" in audit.stdout
+        assert len(listed) == runs
+        for run in listed:
+            verified = baton(tmp_path, "verify", run["run_id"], "--store", store)
+            assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_an_export_written_before_verifies_offline(tmp_path: Path) -> None:
+    """Given r1's export written at c914c1b, when verified with no store, then its chain holds."""
+    verified = baton(tmp_path, "verify-export", str(FIXTURES / "r1.export.jsonl"))
+
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_the_handed_off_run_resumes_in_its_new_store(tmp_path: Path) -> None:
+    """Given r1 imported into b.db at c914c1b, when its state is read today, then w2 holds it at epoch 2."""
+    state = json.loads(baton(tmp_path, "state", "r1", "--json", "--store", copied(tmp_path, "b.db")).stdout)
+
+    assert (state["owner_epoch"], state["run_id"], state["state_schema_version"]) == (2, "r1", 2)
