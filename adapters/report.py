@@ -5,32 +5,19 @@ forbids any fetch): a timeline of the run's events in one lane per worker with t
 as bands, each epoch change, lease takeover and handoff marked; the budget burn-down of every
 counter against its ceiling; the audit's verdict; and the events as a table. The model is
 ``projections.report`` (pure); this module only draws it, escaping everything that comes from the log.
+The command is ``adapters/cli/audit.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import datetime as dt
 import math
-import sys
-from collections.abc import Callable
 from html import escape
-from pathlib import Path
-from typing import Any, Protocol
 
-import msgspec
-from eventsourcing.persistence import PersistenceError
-from pydantic import ValidationError
-
-from baton.adapters.bootstrap import open_ledger
-from baton.adapters.eventstore import RunLedger
-from baton.domain.errors import BatonError
 from baton.domain.stages import Stage
-from baton.projections.audit import Problem
-from baton.projections.report import BudgetSeries, Mark, ReportFold, RunReport
+from baton.projections.report import BudgetSeries, Mark, RunReport
 
-__all__ = ["add_report_parser", "render_html"]
+__all__ = ["render_html"]
 
 WIDTH, LEFT, RIGHT = 1320, 130, 20  # the timeline's viewBox width and margins
 TOP, LANE, AXIS = 48, 46, 30  # stage-label and epoch rows above the lanes; lane height; axis below
@@ -388,47 +375,3 @@ def render_html(report: RunReport) -> str:
         f'<section id="events-section"><h2>Events</h2>{_events(report)}</section>'
         "</body></html>\n"
     )
-
-
-# -- the command --------------------------------------------------------------------------------
-
-
-class _Audited(Protocol):
-    problems: list[Problem]
-
-
-Audit = Callable[[RunLedger, str], _Audited]
-_ERRORS = (PersistenceError, BatonError, ValidationError, OSError, msgspec.DecodeError, msgspec.ValidationError)
-
-
-def cmd_report(args: argparse.Namespace, audit: Audit) -> int:
-    """Fold the run's history into the report, attach the real audit's problems, write the page."""
-    try:
-        ledger = open_ledger(args.store, one_shot=True)
-        try:
-            fold = ReportFold(args.run_id)
-            with contextlib.closing(ledger.history(args.run_id)) as events:
-                for event in events:
-                    fold.apply(event)
-            report = fold.finish(audit(ledger, args.run_id).problems) if fold.events else None
-        finally:
-            ledger.close()
-        if report is None:
-            print(f"baton: no events for run {args.run_id!r}", file=sys.stderr)
-            return 2
-        output = Path(args.output or f"{args.run_id}.html")
-        output.write_text(render_html(report), encoding="utf-8")
-    except _ERRORS as exc:
-        print(f"baton: report failed: {exc}", file=sys.stderr)
-        return 2
-    verdict = "audit ok" if report.ok else f"audit found {len(report.problems)} problems"
-    print(f"wrote {output}: run {args.run_id}, {report.head} events, {verdict}")
-    return 0
-
-
-def add_report_parser(sub: Any, store: argparse.ArgumentParser, audit: Audit) -> None:
-    """Register ``baton report``; ``audit`` is the real audit of one run (``audit_runner.audit_store``)."""
-    report = sub.add_parser("report", parents=[store], help="a run as one self-contained HTML page")
-    report.add_argument("run_id", metavar="RUN_ID")
-    report.add_argument("-o", "--output", metavar="FILE", help="default: RUN_ID.html")
-    report.set_defaults(func=lambda args: cmd_report(args, audit))

@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DEFAULT_STORE", "StoreSettings"]
 
@@ -21,17 +21,22 @@ _RECORDERS = {
 }
 
 
-class StoreSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class StoreSettings(BaseSettings):
+    """The store URL: ``--store`` wins, then ``BATON_STORE`` (an empty one counts as unset), then the default."""
 
-    url: str
+    model_config = SettingsConfigDict(env_prefix="BATON_", env_ignore_empty=True, frozen=True)
+
+    store: str = DEFAULT_STORE
 
     @classmethod
     def resolve(cls, url: str | None = None) -> StoreSettings:
-        """``--store`` wins, then ``BATON_STORE``, then the embedded default."""
-        return cls(url=url or os.environ.get("BATON_STORE") or DEFAULT_STORE)
+        return cls(store=url) if url else cls()
 
-    @field_validator("url")
+    @property
+    def url(self) -> str:
+        return self.store
+
+    @field_validator("store")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
         scheme = urlsplit(url).scheme

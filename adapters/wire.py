@@ -12,7 +12,7 @@ import msgspec
 
 from baton.domain import errors
 from baton.domain.commands import Submission, Verdict
-from baton.domain.credentials import find_credential, may_hold_credential
+from baton.domain.credentials import find_credential
 
 __all__ = [
     "MAX_SUBMISSION_BYTES",
@@ -40,8 +40,7 @@ def decode_submission(raw: bytes) -> Submission | Verdict:
         submission = _submission.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return _malformed(raw, str(exc))
-    text = _json.encode(submission)  # a Struct's JSON text is its builtins' text: their builtins only when unsure
-    found = find_credential(msgspec.to_builtins(submission), encoded=text) if may_hold_credential(text) else None
+    found = find_credential(msgspec.to_builtins(submission))
     if found is not None:  # authority travels by reference: the secret is never stored, nor echoed
         message = f"the submission carries {found}; pass a capability reference instead"
         return rejection(submission.submission_id, submission.run_id, errors.CredentialInPayload.reason, message)

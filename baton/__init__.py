@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     from baton.adapters.bootstrap import init_store, open_ledger
     from baton.adapters.langgraph import BatonSaver
     from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
+    from baton.domain import errors
     from baton.domain.budgets import Ceilings, Usage
     from baton.domain.commands import Submission, Verdict
     from baton.domain.errors import BatonError, ConcurrencyConflict, Rejection, StoreUnavailable
-    from baton.domain.events import Placement
+    from baton.domain.events import IntentContext, Placement
     from baton.domain.stages import Stage
 
 # Each name is imported when first used, so ``import baton.domain`` stays free of I/O libraries
@@ -35,6 +36,7 @@ _HOME = {
     "Ceilings": "baton.domain.budgets",
     "Usage": "baton.domain.budgets",
     "Placement": "baton.domain.events",
+    "IntentContext": "baton.domain.events",
     "Stage": "baton.domain.stages",
     "Submission": "baton.domain.commands",
     "Verdict": "baton.domain.commands",
@@ -56,6 +58,7 @@ __all__ = [
     "Ceilings",
     "Usage",
     "Placement",
+    "IntentContext",
     "Stage",
     "Submission",
     "Verdict",
@@ -63,10 +66,13 @@ __all__ = [
     "Rejection",
     "ConcurrencyConflict",
     "StoreUnavailable",
+    "errors",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "errors":  # the whole tree of rejections, by reason code
+        return importlib.import_module("baton.domain.errors")
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module 'baton' has no attribute {name!r}")

@@ -51,19 +51,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/audit.py` puts bench/ first, not the project root
     sys.path.insert(0, str(ROOT))
 
-import msgspec  # noqa: E402
-import psycopg  # noqa: E402
+import msgspec
+import psycopg
 
-from baton.adapters.audit_runner import DEFAULT_JOBS, audit_store  # noqa: E402
-from baton.adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows  # noqa: E402
-from baton.adapters.eventstore.mapper import TOPIC_PREFIX  # noqa: E402
-from baton.domain.budgets import Usage  # noqa: E402
-from baton.domain.canonical import ZERO_DIGEST, canonical_bytes  # noqa: E402
-from baton.domain.chain import seal_stored  # noqa: E402
-from baton.domain.commands import ReleaseLease, Submission  # noqa: E402
-from baton.domain.decide import context_digest  # noqa: E402
-from baton.domain.events import (  # noqa: E402
+from baton.adapters.audit_runner import DEFAULT_JOBS, audit_store
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
+from baton.adapters.eventstore.mapper import TOPIC_PREFIX
+from baton.domain.budgets import Usage
+from baton.domain.canonical import ZERO_DIGEST, canonical_bytes
+from baton.domain.chain import seal_stored
+from baton.domain.commands import ReleaseLease, Submission
+from baton.domain.decide import context_digest
+from baton.domain.events import (
     BlobRef,
     Event,
     IntentContext,
@@ -74,7 +74,7 @@ from baton.domain.events import (  # noqa: E402
     RecordedEvent,
     RunOpened,
 )
-from bench.machine import machine_info  # noqa: E402
+from bench.machine import machine_info
 
 GOAL_EVENTS_PER_S = 100_000
 T0 = 1_767_225_600_000_000

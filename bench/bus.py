@@ -52,18 +52,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/bus.py` puts bench/ first, not the project root
     sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
-import psycopg  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
+import nats
+import psycopg
+from nats.aio.msg import Msg
 
-from baton.adapters.bootstrap import init_store, open_ledger  # noqa: E402
-from baton.adapters.bus.nats_app import partition_mapping  # noqa: E402
-from baton.adapters.eventstore import RunLedger  # noqa: E402
-from baton.adapters.wire import decode_verdict, encode_submission  # noqa: E402
-from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, Submission  # noqa: E402
-from baton.domain.events import BlobRef, IntentContext, Placement  # noqa: E402
-from bench.machine import machine_info  # noqa: E402
-from tests.support.local_servers import LocalNats, LocalPostgres  # noqa: E402
+from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bus.nats_app import partition_mapping
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.wire import decode_verdict, encode_submission
+from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, Submission
+from baton.domain.events import BlobRef, IntentContext, Placement
+from bench.machine import machine_info
+from tests.support.local_servers import LocalNats, LocalPostgres
 
 TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
 WORKERS = (1, 8, 32)

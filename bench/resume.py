@@ -77,19 +77,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/resume.py` puts bench/ first, not the project root
     sys.path.insert(0, str(ROOT))
 
-import msgspec  # noqa: E402
-import psycopg  # noqa: E402
+import msgspec
+import psycopg
 
-from baton.adapters import bootstrap  # noqa: E402
-from baton.adapters.eventstore import RunLedger  # noqa: E402
-from baton.adapters.eventstore.ledger import SNAPSHOT_EVERY  # noqa: E402
-from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, RecordObservation, Submission  # noqa: E402
-from baton.domain.decide import context_digest  # noqa: E402
-from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent  # noqa: E402
-from baton.domain.state import RunState, apply  # noqa: E402
-from baton.projections.portable_state import PortableStateFold  # noqa: E402
-from baton.projections.resumability import summary_of  # noqa: E402
-from bench.machine import machine_info  # noqa: E402
+from baton.adapters import bootstrap
+from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.ledger import SNAPSHOT_EVERY
+from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, RecordObservation, Submission
+from baton.domain.decide import context_digest
+from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent
+from baton.domain.state import RunState, apply
+from baton.projections.portable_state import PortableStateFold
+from baton.projections.resumability import summary_of
+from bench.machine import machine_info
 
 MiB = 1024 * 1024
 TTL_MS = 24 * 3600 * 1000  # the longest lease decide() allows: no lease expires during a run

@@ -5,9 +5,8 @@ an older or newer release can still check a log, and upcasting never disturbs a 
 
 The *stored form* of an envelope is its canonical bytes (what its digest covers) with the digest
 added as the last member: ``{...canonical members...,"digest":"sha256:..."}``. It is still one JSON
-object holding every field, and cutting the last member off (``hashed_part``) gives back exactly
-the hashed bytes, so a reader checks a digest over the stored bytes themselves, with no decoding
-or re-encoding, and the writer encodes each event once.
+object holding every field, and cutting the last member off gives back exactly the hashed bytes;
+the writer encodes each event once, for its digest and its stored bytes alike.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer, struct_canonical_bytes
+from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, schema_integer
 from baton.domain.commands import Submission
 from baton.domain.errors import ChainBroken
 from baton.domain.events import Event, RecordedEvent
@@ -27,7 +26,6 @@ __all__ = [
     "ChainReport",
     "envelope_bytes",
     "envelope_digest",
-    "hashed_part",
     "seal",
     "seal_stored",
     "stored_bytes",
@@ -45,33 +43,7 @@ def envelope_digest(envelope_without_digest: dict[str, Any]) -> str:
 
 def stored_form(canonical: bytes, digest: str) -> bytes:
     """The envelope as stored: its canonical bytes (ending ``}\\n``) with the digest as a last member."""
-    return _with_digest(canonical[:-2], digest)
-
-
-def _with_digest(members: bytes, digest: str) -> bytes:
-    """``{...members`` (unclosed) closed with the digest as its last member: the one shape of the stored form.
-
-    Joined rather than formatted (``bytes %`` parses its template on every call: a third of the cost).
-    """
-    return b"".join((members, b',"digest":', _strings.encode(digest), b"}"))
-
-
-_FIRST_MEMBER = b'{"body":'  # the smallest key: an older store's JSON starts with ``{"run_id":``
-_DIGEST_MEMBER = b',"digest":"sha256:'
-_DIGEST_TAIL = len(_DIGEST_MEMBER) + 64 + 2  # the member, 64 hex digits, the closing quote and brace
-
-
-def hashed_part(stored: bytes) -> tuple[bytes, bytes] | None:
-    """``(the bytes the digest covers, the claimed digest)`` of an envelope in the stored form, else None.
-
-    None means only that the bytes are not in the stored form (an older store's, an export line,
-    a tampered one): the caller verifies them the reference way (``envelope_digest``).
-    """
-    cut = len(stored) - _DIGEST_TAIL
-    shaped = stored.startswith(_FIRST_MEMBER) and stored.startswith(_DIGEST_MEMBER, cut) and stored.endswith(b'"}')
-    if cut < 2 or not shaped:
-        return None
-    return stored[:cut] + b"}\n", stored[cut + 11 : -2]
+    return canonical[:-2] + b',"digest":' + msgspec.json.encode(digest) + b"}"
 
 
 def envelope_bytes(event: RecordedEvent) -> bytes:
@@ -82,7 +54,7 @@ def envelope_bytes(event: RecordedEvent) -> bytes:
 
 
 def stored_bytes(event: RecordedEvent) -> bytes:
-    """The stored form of a sealed envelope, by the definition (``seal_stored`` gives the same bytes)."""
+    """The stored form of a sealed envelope (``seal_stored`` gives the same bytes)."""
     return stored_form(envelope_bytes(event), event.digest)
 
 
@@ -107,78 +79,20 @@ def seal_stored(
     epoch: int,
     bodies: Sequence[Event],
     now: int,
-    encoded: Sequence[bytes | None] = (),
 ) -> list[tuple[RecordedEvent, bytes]]:
-    """``seal``, with each envelope's stored form (``stored_form``), encoded once for both.
-
-    ``encoded`` holds the canonical bytes of the first bodies where ``decide`` wrote them already.
-    """
+    """``seal``, with each envelope's stored form: its canonical bytes, encoded once, give both its
+    digest and the bytes the store keeps."""
     worker, submission_id = submission.worker, submission.submission_id
-    # The envelope's canonical bytes are its sorted fields around the body's canonical bytes, so
-    # only the body is walked; the fixed fields are spliced in when they have their exact types.
-    spliced = type(head) is int and type(submission_id) is str
-    template = _members_template(run_id, worker, epoch, now) if spliced else None
-    sid = b"" if template is None else _strings.encode(submission_id)
-    before_position, before_prev, before_sid, after_sid = template or (b"", b"", b"", b"")
     sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        if template is None or type(prev) is not str:
-            body_bytes = None
-        elif offset <= len(encoded) and encoded[offset - 1] is not None:
-            body_bytes = encoded[offset - 1]
-        else:
-            body_bytes = struct_canonical_bytes(body)
-        if body_bytes is not None and template is not None:
-            # every member but the digest, unclosed: hashed with the canonical ending, stored with the digest's
-            members = b"".join(
-                (
-                    _FIRST_MEMBER, body_bytes, before_position, b"%d" % position,
-                    before_prev, _strings.encode(prev), before_sid, sid, after_sid,
-                )
-            )  # fmt: skip
-            digest = digest_of(EVENT_PREFIX, members, _CANONICAL_END)
-            stored = _with_digest(members, digest)
-        else:
-            canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
-            digest = digest_of(EVENT_PREFIX, canonical)
-            stored = stored_form(canonical, digest)
-        sealed.append((RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest), stored))
+        canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
+        digest = digest_of(EVENT_PREFIX, canonical)
+        event = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest)
+        sealed.append((event, stored_form(canonical, digest)))
         prev = digest
     return sealed
-
-
-def _members_template(run_id: object, worker: object, epoch: object, now: object) -> _Template | None:
-    """The envelope's members but the digest, unclosed, as the texts between the body, position, previous
-    digest and submission id (after ``_FIRST_MEMBER``), or None unless every field has its exact type.
-    Joined with those, not formatted: ``bytes %`` parses its template on every call. A batch's events
-    share run, worker, epoch and time: the last template is kept.
-    """
-    if not (type(run_id) is str and type(worker) is str and type(epoch) is int and type(now) is int):
-        return None
-    key = (run_id, worker, epoch, now)  # exact types, so equal keys write equal texts (True == 1 is excluded)
-    last = _last_template[0]
-    if last[0] == key:
-        return last[1]
-    template = (
-        b',"epoch":"%d","position":"' % epoch,
-        b'","prev_digest":',
-        b',"recorded_at":"%d","run_id":%b,"submission_id":' % (now, _strings.encode(run_id)),
-        b',"worker":' + _strings.encode(worker),
-    )
-    _last_template[0] = (key, template)  # one store of one tuple: a reader never sees half an entry
-    return template
-
-
-_Template = tuple[bytes, bytes, bytes, bytes]
-_last_template: list[tuple[tuple[object, ...], _Template]] = [((), (b"", b"", b"", b""))]
-
-
-_CANONICAL_END = b"}\n"
-
-
-_strings = msgspec.json.Encoder()
 
 
 class ChainReport(msgspec.Struct, frozen=True):

@@ -23,19 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import msgspec
-
-__all__ = [
-    "MAX_DEPTH",
-    "MAX_NODES",
-    "NAMES",
-    "credential_named",
-    "find_credential",
-    "is_credential_key",
-    "may_hold_credential",
-    "suspect_text",
-    "within_prefilter_bounds",
-]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "NAMES", "find_credential", "is_credential_key"]
 
 MAX_DEPTH = 64
 MAX_NODES = 1_000_000  # every node of a 1 MiB JSON document takes at least 2 bytes
@@ -55,7 +43,7 @@ NAMES = (
     "credentials",
 )
 _AUTHORIZATION = "authorization"
-_SEPARATORS = re.compile(r"[-_. ]")
+_SEPARATORS = str.maketrans("", "", "-_. ")  # dropped from a key before it is compared
 _HEADER_SHAPED = re.compile(r"^\s*[A-Za-z][A-Za-z0-9.+-]*\s+\S{4,}")
 
 _FORMATS = re.compile(
@@ -85,96 +73,8 @@ _NEEDS_RANDOMNESS = frozenset({"sk", "bearer"})
 _MAX_PATH_SEGMENT = 40
 
 
-# The walk looks for a format only in a string holding one of these fragments (case-insensitively).
-_FORMAT_FRAGMENTS = (
-    "private key", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "sk-",
-    "aiza", "bearer", "eyj", "://",
-)  # fmt: skip
-
-# The prefilter: most submissions are clean, and two C-speed regex searches over their JSON text
-# prove it; only a suspect one is walked (which says exactly what was found, and where).
-#
-# Formats: every match of ``_FORMATS`` contains one of these case-exact literals (the patterns are
-# case-sensitive; ``sk-`` contains ``k-``, ``eyJ`` contains ``yJ``, ``://`` contains ``//``), and JSON
-# text keeps such ASCII runs of strings and keys verbatim. Each literal starts with one of a few
-# uncommon characters, which the regex engine skips to in C (a leading character class: plain
-# alternation is 4x slower here); what follows may pair with any of them, a looser (so still
-# safe) test, except the short tails, which a lookbehind pairs exactly: ``b-`` alone flagged
-# every hex id such as a UUID, and sent it to the walk.
-_FORMAT_LITERALS = re.compile(
-    rb"[PAgxkBby/](?:RIVATE KEY|KIA|SIA|Iza|h[pousr]_|ithub_pat_|ox[baprs]-|(?<=k)-|(?<=[Bb])earer|(?<=y)J|(?<=/)/)"
-)
-# Names: in JSON text every key ends right before ``":``, and a flagged key ends with a name (after
-# lower-casing and dropping separators). Searched in the reversed, lower-cased text, the pattern
-# starts with the literal ``:"``, so only key ends are tried.
-_SEP = rb"[-_. ]*"
-_REVERSED_NAMES = b"|".join(
-    _SEP.join(re.escape(bytes([c])) for c in reversed(name.encode())) for name in (*NAMES, _AUTHORIZATION)
-)
-_NAMED_KEY = re.compile(rb':"' + _SEP + rb"(?:" + _REVERSED_NAMES + rb")")
-# A credential-named key holding one of these (reversed: the value precedes the key) is not flagged.
-_EMPTY_VALUES_REVERSED = (b'""', b"llun", b"eurt", b"eslaf", b"}{", b"][")
-_encoder = msgspec.json.Encoder()
-
-
-def find_credential(value: Any, *, encoded: bytes | None = None) -> str | None:
-    """A short description of the first credential found in ``value`` (never the secret), or None.
-
-    ``encoded`` is ``msgspec.json.encode(value)`` when the caller has it already.
-    """
-    try:
-        text = _encoder.encode(value) if encoded is None else encoded
-    except (TypeError, ValueError, OverflowError, RecursionError):
-        return _walk(value)  # not JSON-shaped (or too deep to encode): walk it
-    return _walk(value) if may_hold_credential(text) else None
-
-
-def may_hold_credential(text: bytes) -> bool:
-    """False only when ``find_credential`` of the value whose JSON text this is finds nothing.
-
-    The text is ``msgspec.json.encode(value)``, of the value or of its builtins (the same text), or
-    any JSON text holding every container and every string of that text (keys included) except
-    object members the caller has screened itself (``is_credential_key`` and the key's formats).
-    """
-    return not within_prefilter_bounds(text) or suspect_text(text)
-
-
-def within_prefilter_bounds(text: bytes) -> bool:
-    """Whether the value of this JSON text is surely within the walk's bounds (past them it fails closed)."""
-    containers = text.count(b"{") + text.count(b"[")  # a bound on the nesting depth, counted in C
-    return len(text) < 2 * MAX_NODES and containers < MAX_DEPTH
-
-
-def suspect_text(text: bytes) -> bool:
-    """Whether a credential format or a credential-named key holding something may be in the JSON text.
-
-    True of JSON texts joined by newlines whenever it is true of any of them (a match lies within
-    one text, and a key's value follows it in the same text), so one search can clear a batch.
-    """
-    return _FORMAT_LITERALS.search(text) is not None or _suspect_key(text)
-
-
-def _suspect_key(text: bytes) -> bool:
-    """Whether an object key in the JSON text may name a credential and hold something.
-
-    A superset of the walk's rule. Lower-casing the whole text lower-cases every key as
-    ``str.lower`` does (non-ASCII text goes through ``str``: the Kelvin sign lower-cases to ``k``).
-    """
-    if text.isascii():
-        lowered = text.lower()
-    else:
-        try:
-            lowered = text.decode().lower().encode()
-        except UnicodeError:
-            return True
-    reversed_text = lowered[::-1]
-    for match in _NAMED_KEY.finditer(reversed_text):  # a loop, not any(): most texts have one empty authorization
-        if not reversed_text.endswith(_EMPTY_VALUES_REVERSED, 0, match.start()):
-            return True
-    return False
-
-
-def _walk(value: Any) -> str | None:
+def find_credential(value: Any) -> str | None:
+    """A short description of the first credential found in ``value`` (never the secret), or None."""
     stack: list[tuple[str, Any, int]] = [("$", value, 0)]
     nodes = 0
     while stack:
@@ -219,21 +119,13 @@ def is_credential_key(name: str, value: Any) -> bool:
     """Whether the walk reports the object member ``name: value`` (value as builtins) for its key's name."""
     if value is None or isinstance(value, bool) or (isinstance(value, str | dict | list | tuple) and not value):
         return False
-    normalized = _SEPARATORS.sub("", name.lower())
+    normalized = name.lower().translate(_SEPARATORS)
     if normalized.endswith(_AUTHORIZATION):
         return isinstance(value, str) and _HEADER_SHAPED.match(value) is not None
     return normalized.endswith(NAMES)
 
 
-def credential_named(name: str) -> bool:
-    """Whether ``is_credential_key`` may hold for some value under this key."""
-    return _SEPARATORS.sub("", name.lower()).endswith((*NAMES, _AUTHORIZATION))
-
-
 def _format_in(text: str) -> str | None:
-    lowered = text.lower()
-    if not any(fragment in lowered for fragment in _FORMAT_FRAGMENTS):
-        return None
     for match in _FORMATS.finditer(text):
         kind = match.lastgroup or ""
         if kind not in _NEEDS_RANDOMNESS or _looks_random(match.group()):

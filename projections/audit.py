@@ -20,7 +20,6 @@ from the open intents and a few small maps (approvals and evidence per artifact)
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -28,7 +27,6 @@ import msgspec
 
 from baton.domain.canonical import ZERO_DIGEST, digest_of, schema_integer
 from baton.domain.chain import EVENT_PREFIX, envelope_bytes, envelope_digest
-from baton.domain.decide import CONTEXT_PREFIX
 from baton.domain.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -62,7 +60,6 @@ from baton.domain.threads import PURGE_TOMBSTONE
 from baton.projections import audit_authority as authority
 from baton.projections import audit_handoff as handoff
 from baton.projections import audit_rules as run
-from baton.projections.audit_digest import DECODER, WRITE_ERRORS, Unsupported, stored_writer
 from baton.projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = [
@@ -158,11 +155,6 @@ class _Item(NamedTuple):
 
 
 _generic = msgspec.json.Decoder()
-_WRITERS: dict[bool, dict[type[Any], Any]] = {True: {}, False: {}}  # stored_writer's, by plain strings and body type
-_NOT_WRITTEN = (msgspec.DecodeError, Unsupported, *WRITE_ERRORS)
-_decode = DECODER.decode  # typed, lenient (integers are stored as decimal strings), no floats
-_EVENT_HASH = hashlib.sha256(EVENT_PREFIX)  # copied per event: cheaper than a new one and the prefix again
-_CONTEXT_HASH = hashlib.sha256(CONTEXT_PREFIX)
 
 
 def _canonical_digest(event: RecordedEvent) -> str:
@@ -190,7 +182,7 @@ class AuditFold:
         self.head = 0  # the last position read in order
         self.head_digest: str | None = ZERO_DIGEST  # None after an undecodable event: the next link is unknown
         self._rules = RULES if rules is None else rules
-        self._chains: dict[type[Any], tuple[Rule, ...]] = {}  # per body type: ENVELOPE_RULES, then its rules
+        self._chains = {kind: self._chain(kind) for kind in self._rules}  # per body type with rules of its own
         self._held: _Item | None = None  # an event after a gap: is the next one the missing position?
         self._finished: list[Problem] | None = None
 
@@ -199,74 +191,14 @@ class AuditFold:
         return self.state.run_id
 
     def apply_stored(self, data: bytes) -> None:
-        """One stored envelope (the events table's bytes, or a line of an export)."""
-        self.events += 1
-        typed = self._verified(data)
-        if typed is None:
-            self._apply_by_reference(data)
-            return
-        state = self.state
-        position = typed.position
-        if position == self.head + 1 and self._held is None and typed.run_id == state.run_id:
-            # _intake's common case, and _in_order's
-            if typed.prev_digest != self.head_digest and self.head_digest is not None:
-                detail = f"prev_digest {typed.prev_digest} is not position {self.head}'s digest"
-                state.report("broken_link", detail, position)
-            self.head, self.head_digest = position, typed.digest
-            state.position = position
-            chain = self._chains.get(type(typed.body)) or self._chain(type(typed.body))
-            for rule in chain:
-                rule(state, typed)
-        else:
-            self._intake(_Item(position, typed.prev_digest, typed.digest, typed), typed.digest)
+        """One stored envelope (the events table's bytes, or a line of an export).
 
-    def _verified(self, data: bytes) -> RecordedEvent | None:
-        """The fast path: the typed envelope of bytes in the stored form that prove themselves, else None.
-
-        The bytes are decoded once, typed, for the rules; a writer generated per event type
-        (``projections.audit_digest.stored_writer``, pinned to the definition) writes that event's
-        stored form from its fields: its canonical bytes with its ``digest`` as a last member
-        (``domain.chain.stored_form``). The stored bytes must equal it byte for byte, and the digest
-        must be the digest of the canonical bytes, which are then the stored bytes up to that last
-        member. So the stored bytes are exactly the canonical bytes of the event every reader decodes
-        from them: a digest alone would prove only that they are what was hashed. Anything else (an
-        older store's JSON, an export line, a digest or a spelling that does not hold, bytes that do
-        not decode) goes the reference way, which also words the problems.
+        The bytes are decoded generically and the digest is computed over them by
+        ``envelope_digest``, as ``verify_chain`` does; then they are decoded into the typed
+        envelope the rules read. Bytes whose digest holds but which are not the canonical bytes of
+        that typed envelope (a lenient spelling such as ``"1e0"`` for 1) are ``noncanonical``.
         """
-        try:
-            typed = _decode(data)
-            kind = type(typed.body)
-            plain = b"\\" not in data  # no string needs escaping: the plain writers apply
-            write = _WRITERS[plain].get(kind)
-            if write is None:
-                write = _WRITERS[plain][kind] = stored_writer(kind, plain_strings=plain)
-            if kind is IntentRecorded:
-                text, context = write(typed)
-            else:
-                text, context = write(typed), None
-        except _NOT_WRITTEN:
-            return None
-        if text.encode() != data:
-            return None
-        digest = typed.digest
-        # ``data`` is the stored form of the canonical bytes and ``digest``: without its last member
-        # (``,"digest":"<digest>"}``) and with the canonical ``}\n``, the canonical bytes. A digest
-        # other than ``sha256:`` and hex digits matches no computed one, so ``len`` counts its bytes.
-        sha = _EVENT_HASH.copy()
-        sha.update(data[: len(data) - len(digest) - 13])
-        sha.update(b"}\n")
-        if "sha256:" + sha.hexdigest() != digest:
-            return None
-        if context is not None:  # an intent: the digest of its context, over the text just compared
-            body: IntentRecorded = typed.body  # type: ignore[assignment]
-            sha = _CONTEXT_HASH.copy()
-            sha.update(context.encode() + b"\n")
-            if "sha256:" + sha.hexdigest() == body.context_digest:
-                self.state.context_checked = body.context  # ``intent`` need not redo it
-        return typed
-
-    def _apply_by_reference(self, data: bytes) -> None:
-        """Any bytes: decoded generically, the digest computed by ``envelope_digest``, problems worded."""
+        self.events += 1
         try:
             envelope = _generic.decode(data)
             if not isinstance(envelope, dict):
@@ -344,16 +276,14 @@ class AuditFold:
             return
         state = self.state
         state.position = event.position
-        chain = self._chains.get(type(event.body)) or self._chain(type(event.body))
-        for rule in chain:
+        for rule in self._chains.get(type(event.body), ENVELOPE_RULES):
             rule(state, event)
 
     def _chain(self, kind: type[Any]) -> tuple[Rule, ...]:
-        """``ENVELOPE_RULES``, then the body type's rules, with the usual fenced prefix in one call."""
+        """``ENVELOPE_RULES``, then the body type's rules, with the usual fenced prefix as one rule."""
         chain = (*ENVELOPE_RULES, *self._rules.get(kind, ()))
         if chain[:3] == _FENCED_WORK:
             chain = (fenced_work, *chain[3:])
-        self._chains[kind] = chain
         return chain
 
     def finish(self, anchor: tuple[int, str] | None = None, *, anchored: bool = False) -> list[Problem]:

@@ -103,27 +103,14 @@ def fenced(s: AuditState, e: RecordedEvent) -> None:
         )
 
 
-# A charge's non-zero counters as (index, amount), by the charge's value: most charges repeat and
-# touch one or two counters. Only non-negative charges are remembered; a negative one is reported
-# every time it occurs. (Equal Usage values add the same amounts: a bool counter adds as its int.)
-_SPARSE: dict[Usage, tuple[tuple[int, int], ...]] = {}
-_SPARSE_SIZE = 4096  # a bound on memory, not a tuning knob
-
-
 def charge(s: AuditState, e: RecordedEvent) -> None:
     charged: Usage = e.body.charge  # type: ignore[union-attr]  # only registered for bodies with a charge
-    sparse = _SPARSE.get(charged)
-    if sparse is None:
-        amounts = msgspec.structs.astuple(charged)
-        if min(amounts) < 0:
-            _charge_negative(s, amounts)
-            return
-        sparse = tuple((index, amount) for index, amount in enumerate(amounts) if amount)
-        if len(_SPARSE) >= _SPARSE_SIZE:
-            _SPARSE.clear()
-        _SPARSE[charged] = sparse
+    amounts = msgspec.structs.astuple(charged)
+    if min(amounts) < 0:
+        _charge_negative(s, amounts)
+        return
     usage = s.usage  # one counter each: Usage has a fixed shape
-    for index, amount in sparse:
+    for index, amount in enumerate(amounts):
         total = usage[index] = usage[index] + amount
         if total > MAX_COUNTER and total - amount <= MAX_COUNTER:  # reported when it first passes
             s.report("counter_overflow", f"{COUNTERS[index]} reached {total}")
@@ -239,7 +226,7 @@ def intent(s: AuditState, e: RecordedEvent) -> None:
             "duplicate_operation", f"{body.op_id!r} already has an open intent at {s.operations[body.op_id].position}"
         )
         return
-    if body.context is not s.context_checked and not _quotes_its_context(body):
+    if not _quotes_its_context(body):
         s.report("context_digest_mismatch", f"{body.op_id!r} quotes {body.context_digest}")
     if body.kind == "effect" and (older := _older_open(s)):
         s.report("uncertain_intent", f"effect {body.op_id!r} while intents of epochs {older} were uncertain")

@@ -118,7 +118,6 @@ class AuditState:
 
     __slots__ = (
         "approvals",
-        "context_checked",
         "dropped",
         "epoch",
         "erasing",
@@ -165,9 +164,6 @@ class AuditState:
         self.approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force
         self.evidence: dict[str, Evidence] = {}  # by artifact digest: the latest verdict
         self.problems: list[Problem] = []
-        # the context (by identity) whose quoted digest the fold found while checking the envelope's
-        # digest (they share bytes): ``projections.audit_rules.intent`` then need not compute it again
-        self.context_checked: object | None = None
 
     @property
     def handoff_digest(self) -> str | None:

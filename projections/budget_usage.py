@@ -35,7 +35,6 @@ class BudgetUsageFold:
     def __init__(self) -> None:
         self.placements: dict[str, Placement] = {}
         self.attributed: dict[_Attribution, Usage] = {}
-        self._days: dict[int, str] = {}
 
     def apply(self, event: RecordedEvent) -> None:
         body = event.body
@@ -50,17 +49,10 @@ class BudgetUsageFold:
             event.worker,
             placement.model if placement else "",
             placement.provider if placement else "",
-            self._day(event.recorded_at),
+            _day(event.recorded_at),
         )
         previous = self.attributed.get(key)
         self.attributed[key] = charge if previous is None else previous.plus(charge)
-
-    def _day(self, recorded_at: int) -> str:
-        number = recorded_at // _DAY_US
-        day = self._days.get(number)
-        if day is None:
-            day = self._days[number] = dt.datetime.fromtimestamp(number * 86_400, tz=dt.UTC).date().isoformat()
-        return day
 
     @property
     def rows(self) -> dict[tuple[Dimension, str], Usage]:
@@ -75,6 +67,11 @@ class BudgetUsageFold:
 
     def by(self, dimension: Dimension) -> dict[str, Usage]:
         return {key: usage for (dim, key), usage in sorted(self.rows.items()) if dim == dimension}
+
+
+def _day(recorded_at: int) -> str:
+    """The UTC date of a time in microseconds since the epoch, as ``YYYY-MM-DD``."""
+    return dt.datetime.fromtimestamp(recorded_at // _DAY_US * 86_400, tz=dt.UTC).date().isoformat()
 
 
 def budget_usage(events: Iterable[RecordedEvent]) -> BudgetUsageFold:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import RecordMetadata
 from faststream import AckPolicy, Context, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.message import KafkaMessage
@@ -106,16 +107,19 @@ class KafkaBus(BusLifecycle):
             assert isinstance(records, tuple)
             batch = [(r.value or b"", r.key.decode() if r.key else None) for r in records]
             answers = await service.handle_ordered(batch)
-            # One send at a time: Tansu hung on produce requests that mixed topics (see _KafkaSink).
+            sends: list[asyncio.Future[RecordMetadata]] = []
             for record, verdict in zip(records, answers, strict=True):
                 headers = {k: v.decode() for k, v in record.headers}
                 reply_headers = {"correlation_id": headers.get("correlation_id", "")}
                 key = (verdict.run_id or "").encode()
                 topic = headers.get("reply_to") or VERDICTS_TOPIC
+                data = encode_verdict(verdict)
                 if topic == VERDICTS_TOPIC:
-                    await verdicts.publish(encode_verdict(verdict), key=key, headers=reply_headers)
+                    sent = await verdicts.publish(data, key=key, headers=reply_headers, no_confirm=True)
                 else:
-                    await broker.publish(encode_verdict(verdict), topic, key=key, headers=reply_headers)
+                    sent = await broker.publish(data, topic, key=key, headers=reply_headers, no_confirm=True)
+                sends.append(sent)  # no_confirm: the future of its delivery
+            await asyncio.gather(*sends)  # every verdict delivered before the batch's offsets are committed
             await msg.ack()
 
     async def _create_topics(self) -> None:
@@ -182,11 +186,11 @@ class _KafkaSink:
             await consumer.stop()
 
     async def publish(self, events: list[tuple[int, RecordedEvent]], after: int) -> bool:
-        # Its own producer, one record at a time: with Tansu, produce requests that mixed the relay's
-        # records with verdicts hung until the producer's 40 s timeout.
-        if self._producer is None:
+        """Send a page and wait until every record of it is acknowledged by all in-sync replicas."""
+        if self._producer is None:  # its own producer: events need acks="all", whatever the broker's default
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bus.bootstrap, acks="all")
             await self._producer.start()
+        sends = []
         for notification_id, event in events:
             headers = {
                 "Baton-Message-Id": event_message_id(event),
@@ -194,12 +198,15 @@ class _KafkaSink:
                 "Baton-Run-Id": event.run_id,
                 "Baton-Position": str(event.position),
             }
-            await self._producer.send_and_wait(
-                EVENTS_TOPIC,
-                encode_event(event),
-                key=event.run_id.encode(),
-                headers=[(k, v.encode()) for k, v in headers.items()],
+            sends.append(
+                await self._producer.send(
+                    EVENTS_TOPIC,
+                    encode_event(event),
+                    key=event.run_id.encode(),
+                    headers=[(k, v.encode()) for k, v in headers.items()],
+                )
             )
+        await asyncio.gather(*sends)
         return True
 
     async def close(self) -> None:

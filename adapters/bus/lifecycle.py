@@ -18,13 +18,12 @@ __all__ = ["BusLifecycle", "settle_heap"]
 def settle_heap() -> None:
     """Once per process: collect, then move every object alive into the collector's permanent generation.
 
-    A full collection walks every tracked object: over the ~75k that importing the bus, the store
-    and the brokers leaves, one took 70-125 ms here, holding the GIL, so every submission in
-    flight waited that long. The first one comes a few thousand verdicts into a service's life
-    (in ``bench/bus.py``: 99 ms inside the 32-worker cell, a p99 outlier of its own). Frozen, the
-    startup heap is never walked again; what the service creates later is collected as usual.
-    Once per process (not at all if the embedding application froze its heap itself), so a
-    process that starts many buses (the tests) pays the collection once.
+    A full collection walks every tracked object, holding the GIL, so every submission in flight
+    waits for it; the tens of thousands of objects that importing the bus, the store and the
+    brokers leaves make it a latency spike of its own. Frozen, the startup heap is never walked
+    again; what the service creates later is collected as usual. Once per process (not at all if
+    the embedding application froze its heap itself), so a process that starts many buses (the
+    tests) pays the collection once.
     """
     if gc.get_freeze_count():
         return

@@ -1,17 +1,17 @@
-"""The two NATS consumers of ``baton serve``, on the raw nats-py client of the FastStream broker.
+"""The two NATS consumers of ``baton serve``, on the nats-py client of the FastStream broker.
 
-FastStream still owns the connection, the app's lifecycle and the AsyncAPI document; these two
-hot paths bypass its consume pipeline on purpose:
+FastStream owns the connection, the app's lifecycle and the AsyncAPI document; these two paths use
+nats-py's public API beside it, on purpose:
 
-* **Request-reply** (``Responder``): FastStream's per-message middleware, dependency injection and
-  logging scopes cost about 1.2 ms of CPU per submission, twice the rest of the service
-  (docs/benchmarks.md, Bus). A plain subscription queues each message for group commit straight
-  from its callback, so concurrent submissions meet in one transaction.
+* **Request-reply** (``Responder``): a plain queue-group subscription whose callback hands each
+  submission straight to group commit, so concurrent submissions meet in one transaction; a
+  FastStream handler would answer one message per call, with its middleware and dependency
+  injection on every message.
 * **Durable pull** (``DurableConsumer``): nats-py's ``fetch`` can raise a bare
   ``asyncio.TimeoutError`` when a linger window ends between its two pull requests; FastStream
   0.7's pull loop only catches ``nats.errors.TimeoutError``, so its consume task died and its
-  supervisor restarted it 30 s later, stalling every durable submission meanwhile. This loop
-  treats any timeout as an empty batch.
+  supervisor restarted it later, stalling every durable submission meanwhile. This loop treats
+  any timeout as an empty batch.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from nats.errors import ConnectionClosedError
 from nats.js import api as js_api
 from nats.js.errors import ServiceUnavailableError
 
-from baton.adapters.bus.nats_frames import pub, writable, write, write_now
 from baton.adapters.bus.service import SubmissionService
 from baton.adapters.wire import encode_verdict
 from baton.domain.commands import Verdict
@@ -114,45 +113,19 @@ class Responder:
         except Exception:  # the service answers bad input itself; this is a lost connection or a bug
             log.exception("request-reply: no verdict sent for a message on %s", msg.subject)
 
-    def answer_now(self, answers: list[tuple[Any, Verdict]]) -> bool:
-        """The verdicts of a batch to the socket from the callback that got them (``SubmissionService``):
-        False, nothing sent, when ``answer`` must send them instead.
-
-        No task and no turn of the event loop until nats-py's flusher runs: while the ledger thread
-        decides the next batch, each turn can wait for the GIL (up to the 5 ms switch interval).
-        Reply subjects come from the server's MSG line, which never holds whitespace.
-        """
-        nc = self.nc
-        frames, size, oversize = _verdict_frames(answers, nc.max_payload)
-        if oversize:
-            return False
-        try:
-            if frames and not write_now(nc, frames, size):
-                return False
-        except Exception:
-            log.exception("request-reply: %d verdicts not sent", len(frames))
-        self._release(len(answers))
-        return True
-
     async def answer(self, answers: list[tuple[Any, Verdict]]) -> None:
-        """Publish the verdicts of a batch (``SubmissionService`` calls this; each token is a reply subject)."""
+        """Publish the verdicts of a batch (``SubmissionService`` calls this; each token is a reply subject).
+
+        ``publish`` queues each reply for nats-py's flusher task, which writes everything queued in
+        one go on its next turn: a batch's verdicts leave together, without a flush round trip.
+        """
         try:
-            nc = self.nc
             lost = 0
-            slow: list[tuple[str, bytes]] = []
-            if writable(nc):  # one write for the batch (nats_frames); reply subjects come from the
-                # server's MSG line, which never holds whitespace
-                frames, size, slow = _verdict_frames(answers, nc.max_payload)
-                if frames:
-                    try:
-                        await write(nc, frames, size)
-                    except Exception:
-                        lost += len(frames)
-            else:
-                slow = [(reply, encode_verdict(verdict)) for reply, verdict in answers if reply]
-            for reply, data in slow:
+            for reply, verdict in answers:
+                if not reply:
+                    continue
                 try:
-                    await nc.publish(reply, data)
+                    await self.nc.publish(reply, encode_verdict(verdict))
                 except Exception:  # one lost reply must not cost the rest of the batch theirs
                     lost += 1
             if lost:
@@ -170,22 +143,6 @@ class Responder:
         self._room.set()
         if not self._in_flight:
             self._idle.set()
-
-
-def _verdict_frames(answers: list[tuple[Any, Verdict]], limit: int) -> tuple[list[bytes], int, list[tuple[str, bytes]]]:
-    """A batch's replies as ``PUB`` frames and their payload bytes, and the replies over ``limit`` apart."""
-    frames: list[bytes] = []
-    size = 0
-    oversize: list[tuple[str, bytes]] = []
-    for reply, verdict in answers:
-        if reply:
-            data = encode_verdict(verdict)
-            if len(data) > limit:
-                oversize.append((reply, data))
-            else:
-                frames.append(pub(reply, data))
-                size += len(data)
-    return frames, size, oversize
 
 
 class DurableConsumer:
@@ -243,9 +200,8 @@ class DurableConsumer:
             try:
                 messages: list[Msg] = await pull.fetch(self.batch, timeout=window)
             except TimeoutError:  # also nats.errors.TimeoutError: an empty window
-                # A quiet stream is polled less often: each empty fetch (a probe, a lingering pull
-                # request, their status replies, a timeout) cost about 1.2 ms of CPU, 25 ms per
-                # second at the 50 ms linger, whatever the request-reply load.
+                # A quiet stream is polled less often: each empty fetch costs a pull request, its
+                # status replies and a timeout, however busy the request-reply path is.
                 window = min(window * 2, self.linger * _QUIET_LINGERS)
                 continue
             except (ConnectionClosedError, ServiceUnavailableError) as exc:

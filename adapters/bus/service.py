@@ -12,10 +12,9 @@ thread takes the submissions off a thread-safe queue itself, so a busy service p
 the event loop per batch. ``submit`` and ``handle`` wrap the same path in a future for callers that
 want one verdict back.
 
-One ledger thread by default: a second one lets a batch be decided while another commits, but on
-two cores it made the batches smaller (13-14 submissions instead of 18 at 32 workers: more
-transactions, handoffs and GIL switches) and cost about a fifth more service CPU per verdict, for
-no more throughput (the appends serialise on the store's table lock anyway).
+One ledger thread by default: a second one lets a batch be decided while another commits, but it
+made the batches smaller (more transactions, handoffs and GIL switches) for no more throughput,
+since the appends serialise on the store's table lock anyway.
 """
 
 from __future__ import annotations
@@ -52,9 +51,6 @@ class Answers(Protocol):
     """Where the verdicts of enqueued submissions go, a batch at a time, with the token given to ``enqueue``."""
 
     async def answer(self, answers: list[tuple[Any, Verdict]]) -> None: ...
-
-    # Optional: ``answer_now(answers) -> bool`` answers at once, from the event loop's callback that
-    # got the batch (no task); False means it sent nothing and ``answer`` is awaited instead.
 
     def abandon(self, tokens: list[Any], exc: BaseException) -> None:
         """The batch failed without verdicts (a bug, or the service stopping)."""
@@ -182,8 +178,7 @@ class SubmissionService:
         """A ledger thread: take whatever is queued (up to ``max_batch``), append it, hand the verdicts back.
 
         The thread drains the queue itself, so a busy service pays one wake-up of the event loop per
-        batch and none per submission (a thread pool call per batch cost more CPU than the batch's
-        messages).
+        batch and none per submission.
         """
         jobs = self._jobs
         stopping = False
@@ -211,16 +206,8 @@ class SubmissionService:
                 return
 
     def _delivered(self, batch: list[_Job], verdicts: list[Verdict]) -> None:
-        """In the event loop: the verdicts of one batch, answered here when their destination can."""
+        """In the event loop: one task answers the verdicts of one batch."""
         self.committed.set()
-        first = batch[0][1]
-        answer_now = getattr(first, "answer_now", None)
-        if answer_now is not None and all(answers is first for _, answers, _ in batch):
-            try:
-                if answer_now([(token, v) for (_, _, token), v in zip(batch, verdicts, strict=True)]):
-                    return
-            except Exception:  # a bug: the task below tries the same verdicts the awaited way
-                log.exception("verdicts of %d submissions not answered at once", len(batch))
         task = asyncio.ensure_future(_deliver(batch, verdicts))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)

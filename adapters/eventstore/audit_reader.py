@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from itertools import pairwise
-from typing import Any
 
 from psycopg import pq
 from psycopg.rows import tuple_row
 
 from baton.adapters.eventstore.fenced import RunRow
 from baton.adapters.eventstore.ledger import RunLedger
+from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
+from baton.adapters.eventstore.sqlite_recorder import FencedSQLiteRecorder
 
 __all__ = ["CHUNKED_ROWS", "ITERSIZE", "KeyRange", "key_ranges", "stored_rows"]
 
-ITERSIZE = 5000  # rows per page: larger pages gained nothing measurable (bench/audit.py)
+ITERSIZE = 5000  # rows per page
 CHUNKED_ROWS = pq.version() >= 170000  # libpq 17 streams a result in chunks of rows (``Cursor.stream(size=...)``)
 
 KeyRange = tuple[str | None, str | None]
@@ -39,9 +40,12 @@ def stored_rows(
     itersize: int = ITERSIZE,
 ) -> Generator[tuple[str, bytes], None, None]:
     """``(run_id, stored bytes)`` of every event (or one run's, or a key range's), by run, then position."""
-    recorder: Any = ledger.recorder
+    recorder = ledger.recorder
+    if not isinstance(recorder, FencedPostgresRecorder | FencedSQLiteRecorder):
+        raise TypeError(f"no audit reader for {type(recorder).__name__}")
     table = recorder.events_table_name
-    conditions, params = [], []
+    conditions: list[str] = []
+    params: list[str] = []
     if run_id is not None:
         conditions.append("originator_id = %s")
         params.append(run_id)
@@ -54,7 +58,7 @@ def stored_rows(
         params.append(high)
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     order = " ORDER BY originator_id, originator_version"
-    if hasattr(recorder.datastore, "schema"):  # PostgreSQL
+    if isinstance(recorder, FencedPostgresRecorder):
         statement = f'SELECT originator_id, state FROM "{recorder.datastore.schema}"."{table}"{where}{order}'
         if CHUNKED_ROWS:
             # The server sends page after page while the audit checks the last one (a server-side

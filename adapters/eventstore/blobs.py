@@ -1,4 +1,5 @@
-"""The content-addressed blob store: ``baton_blobs(digest PRIMARY KEY, data)`` next to the events.
+"""The content-addressed blob store: ``baton_blobs(digest PRIMARY KEY, data)`` next to the events
+(a table of the store's schema, see ``migrations``).
 
 A blob is written before the event that references it, or (PostgreSQL) in the same statement as
 its append (``insert_clause``); its key is the SHA-256 of its bytes, so a blob whose event never
@@ -24,12 +25,8 @@ from psycopg_pool import ConnectionPool
 
 from baton.adapters.settings import StoreSettings
 
-__all__ = ["BlobStore", "SqlConnection", "blob_digest", "create_blob_table"]
+__all__ = ["BlobStore", "SqlConnection", "blob_digest"]
 
-_DDL = {
-    "sqlite": "CREATE TABLE IF NOT EXISTS baton_blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL)",
-    "postgresql": "CREATE TABLE IF NOT EXISTS baton_blobs (digest text PRIMARY KEY, data bytea NOT NULL)",
-}
 _POOL_KEYS = ("pool_size", "max_overflow")
 _SCALAR_ROWS = 4  # blobs written as scalar rows in ``insert_clause``; more go as arrays
 
@@ -53,7 +50,8 @@ class SqlConnection:
         if self.backend == "sqlite":
             path = unquote(urlsplit(self.settings.url).path)[1:]
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # ``store init`` switched it
+                conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             self._sqlite = conn
         else:
@@ -133,11 +131,6 @@ def _libpq_url(url: str) -> str:
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items() if k not in _POOL_KEYS}
     return urlunsplit(parts._replace(scheme="postgresql", query=urlencode(query)))
-
-
-def create_blob_table(conn: SqlConnection) -> None:
-    with conn.cursor() as cur:
-        cur.execute(_DDL[conn.backend])
 
 
 class BlobStore:

@@ -1,49 +1,52 @@
-"""Fenced appends from an event loop: the PostgreSQL recorder's one statement on asyncio connections.
+"""Fenced appends from an event loop: the PostgreSQL recorder's append statements on asyncio connections.
 
-An ``await`` instead of a hop to a worker thread for each append (LangGraph's async checkpointer
-API). The statement, its parameters and the error translation are the sync recorder's
-(``FencedPostgresRecorder.append_query``), so the fence is the same compare-and-set in the same
-statement: a stale writer is rejected atomically, whichever path it takes.
+The library has no asyncio API, so these connections run the statements the sync recorder's
+append runs (``FencedPostgresRecorder.append_statements``: the fence, the submission rows, the
+library's table lock, ``NOTIFY`` and insert), in the same order, in one transaction: a stale
+writer is refused atomically, whichever path it takes.
 
-A connection belongs to the event loop that opened it. A few are kept per recorder; when all are
-busy ``ready`` says no and the caller takes the sync path in a thread (``RunLedger.asubmit``).
+A connection belongs to the event loop that opened it. A few are kept; when all are busy
+``ready`` says no and the caller takes the sync path in a thread (``RunLedger.asubmit``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from eventsourcing.persistence import OperationalError, StoredEvent
+from eventsourcing.postgres import ConnectionPool
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow, tuple_row
+from psycopg.types.composite import CompositeInfo, register_composite
 
-from baton.adapters.eventstore.fenced import Riders, SubmissionRow, fence_missed
+from baton.adapters.eventstore.fenced import Riders, SubmissionRow
+from baton.adapters.eventstore.postgres_append import Statement, library_error
 from baton.domain.fencing import Fence
-
-if TYPE_CHECKING:
-    from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
 
 __all__ = ["AsyncAppends"]
 
-
 _CONNECT_TIMEOUT_S = 5  # as the sync pool waits for a connection: then the caller falls back to it
+
+Statements = Callable[[Sequence[StoredEvent], Sequence[Fence], Sequence[SubmissionRow], Riders | None], list[Statement]]
 
 
 class _Slot(NamedTuple):
     loop: asyncio.AbstractEventLoop
-    conn: psycopg.AsyncConnection[TupleRow]
-    curs: psycopg.AsyncCursor[TupleRow]  # one per connection: a cursor costs client CPU to make
+    conn: psycopg.AsyncConnection[Any]
 
 
 class AsyncAppends:
-    """The recorder's appends on up to ``size`` asyncio connections (autocommit, like its pool's)."""
+    """Appends on up to ``size`` asyncio connections, made with the settings of the library's pool."""
 
-    def __init__(self, recorder: FencedPostgresRecorder, *, size: int = 4) -> None:
-        self._recorder = recorder
+    def __init__(
+        self, pool: ConnectionPool[Any], statements: Statements, event_type: CompositeInfo | None, *, size: int = 4
+    ) -> None:
+        self._pool = pool
+        self._statements = statements
+        self._event_type = event_type
         self._size = size
         self._lock = threading.Lock()
         self._idle: list[_Slot] = []
@@ -54,19 +57,8 @@ class AsyncAppends:
         """Whether an append on the running loop can start at once (an idle connection, or room for one)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            orphans = self._drop_orphans()
-            ready = not self._closed and (self._opened < self._size or any(s.loop is loop for s in self._idle))
-        for orphan in orphans:
-            _discard(orphan)
-        return ready
-
-    def _drop_orphans(self) -> list[_Slot]:
-        """Under the lock: forget idle connections whose loops have ended (the caller discards them)."""
-        orphans = [s for s in self._idle if s.loop.is_closed()]
-        if orphans:
-            self._idle = [s for s in self._idle if not s.loop.is_closed()]
-            self._opened -= len(orphans)
-        return orphans
+            self._drop_orphans()
+            return not self._closed and (self._opened < self._size or any(s.loop is loop for s in self._idle))
 
     async def insert_events(
         self,
@@ -76,64 +68,69 @@ class AsyncAppends:
         submissions: Sequence[SubmissionRow],
         riders: Riders | None = None,
     ) -> None:
-        """Fence and insert in one statement, raising what the sync ``insert_events`` raises.
+        """Fence and insert in one transaction, raising what the sync ``insert_events`` raises.
 
         No retry here: after a store error the caller submits again on the sync path, which
-        retries, and answers ``duplicate`` if this statement did commit.
+        retries, and answers ``duplicate`` if this transaction did commit.
         """
-        statement, params, checked = self._recorder.append_query(fences, submissions, stored_events, riders)
+        statements = self._statements(stored_events, fences, submissions, riders)
         slot = await self._acquire()
-        healthy, missed, current = False, False, None
+        healthy = False
         try:
-            await slot.curs.execute(statement, params, prepare=True)
-            missed = checked is not None and slot.curs.rowcount != 1
-            if missed:
-                await slot.curs.execute(self._recorder.select_run_statement, (checked,), prepare=True)
-                current = await slot.curs.fetchone()
+            async with slot.conn.transaction():
+                for statement, params in statements:
+                    await slot.conn.execute(statement, params)
             healthy = True
         except psycopg.Error as exc:
             healthy = slot.conn.info.transaction_status == TransactionStatus.IDLE
-            raise self._recorder.library_error(exc) from exc
+            raise library_error(exc) from exc
         finally:  # a cancelled statement leaves the connection in an unknown state: close it
             self._release(slot, keep=healthy)
-        if missed and checked is not None:
-            raise fence_missed(checked, current)
 
     async def _acquire(self) -> _Slot:
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._closed:
                 raise OperationalError("the asyncio appends are closed")
-            if self._idle and self._idle[-1].loop is loop:  # the common case: one loop, one connection
-                return self._idle.pop()
-            orphans = self._drop_orphans()
+            self._drop_orphans()
             found = next((i for i, s in enumerate(self._idle) if s.loop is loop), None)
-            idle = self._idle.pop(found) if found is not None else None
-            if idle is None and self._opened >= self._size:
+            if found is not None:
+                return self._idle.pop(found)
+            if self._opened >= self._size:
                 raise OperationalError("every asyncio append connection is busy")
-            if idle is None:
-                self._opened += 1
-        for orphan in orphans:
-            _discard(orphan)
-        if idle is not None:
-            return idle
+            self._opened += 1
         try:
-            pool = self._recorder.datastore.pool
-            kwargs = dict((pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {})
-            kwargs.pop("row_factory", None)
-            conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-            password = getattr(pool, "get_password_func", None)
-            if password is not None:
-                kwargs["password"] = password()
-            kwargs.setdefault("connect_timeout", _CONNECT_TIMEOUT_S)
-            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=tuple_row, **kwargs)
-        except BaseException as exc:
+            conn = await self._connect()
+        except BaseException:
             with self._lock:
                 self._opened -= 1
-            if isinstance(exc, psycopg.Error):
-                raise OperationalError(str(exc)) from exc
             raise
-        return _Slot(loop, conn, conn.cursor())
+        return _Slot(loop, conn)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        pool = self._pool
+        kwargs = dict((pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {})
+        kwargs.pop("row_factory", None)
+        if pool.get_password_func is not None:
+            kwargs["password"] = pool.get_password_func()
+        kwargs.setdefault("connect_timeout", _CONNECT_TIMEOUT_S)
+        try:
+            conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **kwargs)
+        except psycopg.Error as exc:
+            raise OperationalError(str(exc)) from exc
+        if self._event_type is not None:
+            register_composite(self._event_type, conn)
+        return conn
+
+    def _drop_orphans(self) -> None:
+        """Under the lock: close idle connections whose loops have ended."""
+        orphans = [s for s in self._idle if s.loop.is_closed()]
+        if orphans:
+            self._idle = [s for s in self._idle if not s.loop.is_closed()]
+            self._opened -= len(orphans)
+            for orphan in orphans:
+                _discard(orphan)
 
     def _release(self, slot: _Slot, *, keep: bool) -> None:
         with self._lock:

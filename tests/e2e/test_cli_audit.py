@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_cli import baton, lines, rewrite_worker
 
-from baton.adapters import cli_audit
+from baton.adapters.cli import audit as cli_audit
 from baton.adapters.cli import main
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
+import msgspec
 from test_cli import baton
+
+from baton.adapters.bootstrap import open_ledger
+from baton.domain.commands import RecordIntent, Submission
+from baton.domain.events import IntentRecorded
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "written-at-c914c1b"
 
@@ -48,3 +54,23 @@ def test_the_handed_off_run_resumes_in_its_new_store(tmp_path: Path) -> None:
     state = json.loads(baton(tmp_path, "state", "r1", "--json", "--store", copied(tmp_path, "b.db")).stdout)
 
     assert (state["owner_epoch"], state["run_id"], state["state_schema_version"]) == (2, "r1", 2)
+
+
+def test_a_submission_accepted_before_is_still_a_duplicate_when_retried(tmp_path: Path) -> None:
+    """Given an intent accepted at c914c1b (its row holds that release's form of the content digest), when
+    the same submission is retried today, then duplicate at its position; with other content, a conflict."""
+    store = copied(tmp_path, "a.db")
+    with sqlite3.connect(store.removeprefix("sqlite:///")) as db:
+        (run_id,) = db.execute("SELECT run_id FROM baton_runs WHERE run_id LIKE 'demo-%'").fetchone()
+    ledger = open_ledger(store)
+    try:
+        event = next(e for e in ledger.history(run_id) if isinstance(e.body, IntentRecorded))
+        body: IntentRecorded = event.body  # type: ignore[assignment]
+        command = RecordIntent(body.op_id, body.kind, body.tool_contract, body.context, body.idempotency_key)
+        retried = Submission(event.submission_id, run_id, event.worker, command, event.epoch)
+        reused = msgspec.structs.replace(retried, command=msgspec.structs.replace(command, idempotency_key="other"))
+
+        assert (ledger.submit(retried).verdict, ledger.submit(retried).position) == ("duplicate", event.position)
+        assert ledger.submit(reused).reason == "submission_conflict"
+    finally:
+        ledger.close()

@@ -30,7 +30,7 @@ from tests.support.local_servers import LocalPostgres, LocalTansu
 pytestmark = pytest.mark.timeout(180)
 
 # Tansu answers a fetch with one record batch per partition and waits the full fetch wait on the
-# empty ones: with the default 500 ms, reading a few dozen small batches took 37 s.
+# empty ones: with the default 500 ms, every read of a few small batches waits that long.
 FETCH_WAIT_MS = 20
 
 

@@ -32,7 +32,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
 from baton.adapters.bootstrap import open_ledger
-from baton.adapters.bus import NatsBus, NatsOptions, nats_app, nats_consumers
+from baton.adapters.bus import NatsBus, NatsOptions
 from baton.adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
@@ -92,16 +92,10 @@ def test_request_reply_answers_accepted_then_duplicate_at_the_same_position(bus_
     run(scenario())
 
 
-@pytest.mark.parametrize("path", ["queued frames", "publish"])
-def test_verdicts_not_written_at_once_still_reach_their_requesters_and_the_stream(
-    bus_store_url: str, nats_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+def test_concurrent_requests_get_each_its_own_verdict_and_reach_the_stream_in_log_order(
+    bus_store_url: str, nats_url: str
 ) -> None:
-    """Given the frame writes unavailable (no TCP socket, or no private nats-py calls), then replies and
-    relayed events go the slower ways and arrive the same."""
-    monkeypatch.setattr(nats_consumers, "write_now", lambda nc, frames, size: False)
-    if path == "publish":
-        monkeypatch.setattr(nats_consumers, "writable", lambda nc: False)
-        monkeypatch.setattr(nats_app, "writable", lambda nc: False)
+    """Given concurrent requests, then each gets its own verdict and the stream holds the log once, in order."""
 
     async def scenario() -> None:
         async with serving(bus_store_url, nats_url) as (_, ledger), client(nats_url) as nc:

@@ -42,7 +42,8 @@ class Serve:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -68,6 +69,9 @@ class Serve:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+        # the process has exited, so its stdout ends: once the reader has taken the last line, the output is complete
+        self._reader.join(TIMEOUT)
+        assert not self._reader.is_alive(), "the output of baton serve did not end after it exited"
         answered = [line for line in self.output if "stopped after answering" in line]
         return int(answered[-1].split("answering")[1].split()[0]) if answered else -1
 

@@ -1,12 +1,11 @@
-"""PostgreSQL's set-based ``baton_append``: a store made before it gets it in place, and its lock order."""
+"""PostgreSQL appends through the library's transaction: run-row locks before its table lock, one global
+lock order, riders in the same transaction, and what a lost connection or a bad text does."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -16,12 +15,18 @@ from integration_support import LedgerFactory, RawStore, Submitter, intent, open
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
-from baton.adapters.eventstore.fenced import SubmissionRow
+from baton.adapters.eventstore.fenced import AppendConflict, FenceViolation, RunRow, SubmissionRow
+from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
 from baton.domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
 RUNS = [f"run-{k}" for k in range(6)]
+
+
+def recorder(ledger: RunLedger) -> FencedPostgresRecorder:
+    assert isinstance(ledger.recorder, FencedPostgresRecorder)
+    return ledger.recorder
 
 
 def leased_runs(ledger: RunLedger, worker: str = "A") -> dict[str, Submitter]:
@@ -34,20 +39,57 @@ def leased_runs(ledger: RunLedger, worker: str = "A") -> dict[str, Submitter]:
     return submitters
 
 
-def test_a_store_without_this_baton_append_gets_it_at_the_first_batch(ledgers: LedgerFactory, store: RawStore) -> None:
-    """Given a store whose baton_append predates this version (dropped here), when a batch is
-    submitted, then the function is created in place and the batch is accepted in one append."""
+def advancing(row: RunRow, events: int = 1) -> Fence:
+    """The fence that moves ``row`` on by ``events`` events, nothing else changed."""
+    return Fence(
+        row.run_id, row.head, row.head_digest, row.epoch, row.holder, row.head + events, "sha256:next", row.epoch,
+        row.holder, row.expires_at, row.stage, row.status,
+    )  # fmt: skip
+
+
+def opening(run_id: str, holder: str | None) -> Fence:
+    return Fence(run_id, 0, "", 0, None, 1, "sha256:new", 1, holder, None, "GENERATING", "open")
+
+
+def one_event(row: RunRow, sid: str) -> tuple[list[StoredEvent], list[SubmissionRow]]:
+    position = row.head + 1
+    return [StoredEvent(row.run_id, position, "domain.events:X", b"{}")], [
+        SubmissionRow(sid, row.run_id, "c", position)
+    ]
+
+
+def test_an_append_locks_its_run_rows_before_the_table(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given another transaction holding the events table's lock (as another append would), when an append
+    to run-0 starts, then it waits for the table holding run-0's row lock already: rows before the table."""
     ledger = ledgers()
-    workers = leased_runs(ledger)
-    store.execute("DROP FUNCTION baton_append(json, json, json, json, bytea[])")
+    row = recorder(ledger).select_run(leased_runs(ledger)["run-0"].run_id)
+    assert row is not None
+    events, rows = one_event(row, "s-1")
+    appending = threading.Thread(
+        target=recorder(ledger).insert_events, args=(events,), kwargs={"fences": [advancing(row)], "submissions": rows}
+    )
+    with psycopg.connect(store.url) as table_lock:
+        table_lock.execute("LOCK TABLE batonledger_events IN EXCLUSIVE MODE")
+        appending.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not _waits_for_lock(store, "batonledger_events") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _waits_for_lock(store, "batonledger_events")
+            with pytest.raises(psycopg.errors.LockNotAvailable), psycopg.connect(store.url) as probe:
+                probe.execute("SELECT 1 FROM baton_runs WHERE run_id = 'run-0' FOR UPDATE NOWAIT")
+        finally:
+            table_lock.rollback()
+            appending.join(timeout=30)
+    assert store.event_count("run-0") == 3
 
-    verdicts = ledger.submit_many([w.submission(intent(f"op-{run_id}")) for run_id, w in workers.items()])
 
-    assert [v.verdict for v in verdicts] == ["accepted"] * len(RUNS)
-    assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_append'") == [(1,)]
-    for run_id in RUNS:
-        assert store.event_count(run_id) == 3
-        ledger.verify(run_id)
+def _waits_for_lock(store: RawStore, table: str) -> bool:
+    rows = store.query(
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE NOT l.granted AND c.relname = ?",
+        (table,),
+    )
+    return bool(rows[0][0])
 
 
 SLEEPING_HERE = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()"
@@ -56,39 +98,22 @@ SLEEPING_HERE = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSle
 def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_deadlock(
     ledgers: LedgerFactory, store: RawStore
 ) -> None:
-    """Given run k2 exists, when T1 opens k1 and k2 (a racing open of k2) while T2 advances k2 and
-    opens k1, then T1 fails on k2's key and T2 commits: rows are taken new runs first, so neither
-    waits on the other in a cycle. (A trigger sleeps as T1 reaches k2, only to widen the window.)"""
+    """Given run-1 exists, when T1 opens k1 and run-1 (a racing open of run-1) while T2 advances run-1 and
+    opens k1, then T1 fails on run-1's key and T2 commits: both take run rows in run id order, so neither
+    waits on the other in a cycle. (A trigger sleeps as T1 reaches run-1, only to widen the window.)"""
     ledger = ledgers()
-    k2 = leased_runs(ledger)["run-1"]
-    row = ledger.recorder.select_run(k2.run_id)  # type: ignore[attr-defined]
+    row = recorder(ledger).select_run(leased_runs(ledger)["run-1"].run_id)
+    assert row is not None
     store.execute(
         "CREATE FUNCTION slow_open() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "IF NEW.run_id = 'run-1' THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$",
         "CREATE TRIGGER slow_open BEFORE INSERT ON baton_runs FOR EACH ROW EXECUTE FUNCTION slow_open()",
     )
-
-    def opening(run_id: str, holder: str | None) -> Fence:
-        return Fence(run_id, 0, "", 0, None, 1, "sha256:new", 1, holder, None, "GENERATING", "open")
-
-    advance = Fence(
-        row.run_id,
-        row.head,
-        row.head_digest,
-        row.epoch,
-        row.holder,
-        row.head + 1,
-        "sha256:next",
-        row.epoch,
-        row.holder,
-        row.expires_at,
-        row.stage,
-        row.status,
-    )
     appends = {
         "T1": ([opening("k1", None), opening("run-1", None)], [("t1-k1", "k1", 1), ("t1-k2", "run-1", 1)]),
-        "T2": ([advance, opening("k1", "w2")], [("t2-k2", "run-1", row.head + 1), ("t2-k1", "k1", 1)]),
+        "T2": ([advancing(row), opening("k1", "w2")], [("t2-k2", "run-1", row.head + 1), ("t2-k1", "k1", 1)]),
     }
+    deadlocks_before = _deadlocks(store)
     outcomes: dict[str, str] = {}
 
     def t1_sleeps_in_the_trigger() -> bool:
@@ -103,16 +128,14 @@ def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_
         fences, keys = appends[name]
         rows = [SubmissionRow(sid, run_id, "sha256:c", position) for sid, run_id, position in keys]
         events = [StoredEvent(run_id, position, "domain.events:X", b"{}") for _, run_id, position in keys]
-        statement, params, _ = ledger.recorder.append_query(fences, rows, events)  # type: ignore[attr-defined]
         if not start_when():
             outcomes[name] = "never started"
             return
         try:
-            with psycopg.connect(store.url, autocommit=True) as conn:
-                conn.execute(statement, params)
+            recorder(ledger).insert_events(events, fences=fences, submissions=rows)
             outcomes[name] = "committed"
-        except psycopg.Error as exc:
-            outcomes[name] = f"{exc.sqlstate} {exc.diag.constraint_name} {exc.diag.message_detail}"
+        except AppendConflict as exc:
+            outcomes[name] = f"conflict: {exc}"
 
     threads = [
         threading.Thread(target=append, args=("T1", lambda: True)),
@@ -123,69 +146,52 @@ def test_an_append_opening_a_run_that_another_is_opening_and_advancing_does_not_
     for thread in threads:
         thread.join(timeout=30)
 
-    # T1 failed on run-1's key, as it reached it (not on k1's, which T2 would have had to commit
-    # first); 40P01 would be a deadlock
-    assert outcomes == {
-        "T1": "23505 baton_runs_pkey Key (run_id)=(run-1) already exists.",
-        "T2": "committed",
-    }
+    assert outcomes["T2"] == "committed"
+    assert outcomes["T1"].startswith("conflict:") and "Key (run_id)=(run-1) already exists" in outcomes["T1"]
+    assert _deadlocks(store) == deadlocks_before
     assert store.query("SELECT holder FROM baton_runs WHERE run_id = 'k1'") == [("w2",)]
 
 
+def _deadlocks(store: RawStore) -> int:
+    return int(store.query("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0][0])
+
+
 def test_two_fences_for_one_run_in_one_append_are_refused_before_the_store(ledgers: LedgerFactory) -> None:
-    """Given the set-based append (one compare-and-set per run), when an append carries two fences
-    for one run, then it is refused with a clear error before anything reaches the store."""
+    """Given an append carrying two fences for one run, then it is refused with a clear error and nothing is sent."""
     ledger = ledgers()
     fence = Fence("run-0", 1, "sha256:a", 1, "A", 2, "sha256:b", 1, "A", None, "GENERATING", "open")
 
     with pytest.raises(ValueError, match="one fence per run"):
-        ledger.recorder.append_query([fence, fence], [], [])  # type: ignore[attr-defined]
+        recorder(ledger).insert_events([], fences=[fence, fence], submissions=[])
 
 
-def test_a_riders_missing_function_is_its_own_error_not_an_upgrade(
-    ledgers: LedgerFactory, monkeypatch: pytest.MonkeyPatch
+def test_a_rider_commits_with_its_append_and_is_rolled_back_with_a_refused_one(
+    ledgers: LedgerFactory, store: RawStore
 ) -> None:
-    """Given a rider calling a function the store lacks, when a batch appends with it, then that
-    error is raised as it is and no upgrade of baton_append is attempted."""
+    """Given a side table, when an append rides an insert into it, then the row is stored with the append;
+    when a stale append rides another, then neither is stored; a rider's own error is raised as it is."""
     ledger = ledgers()
-    workers = leased_runs(ledger)
-    batch = [w.submission(intent(f"op-{run_id}")) for run_id, w in workers.items()]
-    upgrades: list[object] = []
-    monkeypatch.setattr(ledger.recorder, "_install_append_function", upgrades.append)
+    row = recorder(ledger).select_run(leased_runs(ledger)["run-0"].run_id)
+    assert row is not None
+    store.execute("CREATE TABLE side (k text PRIMARY KEY)")
+    events, rows = one_event(row, "s-1")
+    stale_events, _ = one_event(row, "s-2")  # decided on the row before the first append
 
+    with recorder(ledger).riding("side_row AS (INSERT INTO side VALUES (%s))", ["with-append"]):
+        recorder(ledger).insert_events(events, fences=[advancing(row)], submissions=rows)
     with (
-        ledger.recorder.riding("extra AS (SELECT no_such_function())", []),  # type: ignore[attr-defined]
+        recorder(ledger).riding("side_row AS (INSERT INTO side VALUES (%s))", ["with-stale"]),
+        pytest.raises(FenceViolation),
+    ):
+        recorder(ledger).insert_events(stale_events, fences=[advancing(row)], submissions=[])
+    with (
+        recorder(ledger).riding("extra AS (SELECT no_such_function())", []),
         pytest.raises(ProgrammingError, match="no_such_function"),
     ):
-        ledger.recorder.insert_events([], fences=[], submissions=[])
-    verdicts = ledger.submit_many(batch)  # the same ledger, without the rider, still appends
+        recorder(ledger).insert_events([], fences=[], submissions=[])
 
-    assert upgrades == []
-    assert [v.verdict for v in verdicts] == ["accepted"] * len(RUNS)
-
-
-def test_a_role_that_cannot_create_functions_is_told_to_run_store_init(ledgers: LedgerFactory, store: RawStore) -> None:
-    """Given a store whose baton_append predates this version and a ledger whose role may write rows
-    but not create functions, when it appends a batch, then it is told to run ``baton store init``
-    and nothing is stored."""
-    owner = ledgers()
-    workers = leased_runs(owner)
-    store.execute(
-        "DROP FUNCTION baton_append(json, json, json, json, bytea[])",
-        "DROP ROLE IF EXISTS baton_writer",
-        "CREATE ROLE baton_writer LOGIN",
-        "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO baton_writer",
-    )
-    parts = urlsplit(store.url)
-    writer = open_ledger(urlunsplit(parts._replace(netloc=f"baton_writer@{parts.hostname or ''}")), clock=ManualClock())
-    try:
-        batch = [w.submission(intent(f"op-{run_id}")) for run_id, w in workers.items()]
-        with pytest.raises(ProgrammingError, match="run `baton store init` as its owner"):
-            writer.submit_many(batch)
-    finally:
-        writer.close()
-    assert {store.event_count(run_id) for run_id in RUNS} == {2}
-    assert not {s.submission_id for s in batch} & store.submission_ids()
+    assert store.query("SELECT k FROM side") == [("with-append",)]
+    assert store.event_count("run-0") == 3
 
 
 def _other_backends(store: RawStore) -> int:
@@ -197,17 +203,12 @@ def _other_backends(store: RawStore) -> int:
     return int(rows[0][0])
 
 
-def _kept(ledger: RunLedger) -> Any:
-    """The ledger's connection kept for appends (white box: what psycopg or an interrupt can do to it)."""
-    return ledger.recorder._kept  # type: ignore[attr-defined]
-
-
 def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through_once(
     ledgers: LedgerFactory, store: RawStore
 ) -> None:
-    """Given a leased run with an intent appended (so the ledger keeps a connection for appends),
-    when the server terminates every connection of the ledger, then the next intent is accepted
-    at the next position, on a new connection, stored once, and the chain verifies."""
+    """Given a leased run with an intent appended, when the server terminates every connection of the
+    ledger, then the next intent is accepted at the next position, on a new connection, stored once,
+    and the chain verifies."""
     ledger = ledgers()
     worker = leased_runs(ledger)["run-0"]
     assert worker.submit(intent("op-1")).position == 3
@@ -223,9 +224,8 @@ def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through
     assert ledger.verify(worker.run_id).events == 4
 
 
-def test_closing_a_ledger_closes_the_connection_it_kept_for_appends(ledgers: LedgerFactory, store: RawStore) -> None:
-    """Given a ledger that has appended (and so keeps a connection checked out of its pool), when
-    it is closed, then no connection of it is left on the server."""
+def test_closing_a_ledger_leaves_no_connection_of_it(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a ledger that has appended, when it is closed, then no connection of it is left on the server."""
     ledger = ledgers()
     worker = leased_runs(ledger)["run-0"]
     assert worker.submit(intent("op-1")).verdict == "accepted"
@@ -239,76 +239,27 @@ def test_closing_a_ledger_closes_the_connection_it_kept_for_appends(ledgers: Led
     assert _other_backends(store) == 0
 
 
-def test_a_single_event_append_with_a_nul_in_a_text_is_refused_not_cut_short(
-    ledgers: LedgerFactory, store: RawStore
-) -> None:
-    """Given a leased run, when the recorder is handed a one-event append whose submission id holds
-    a NUL (the domain refuses such ids; this is the recorder's own guard), then it raises a data
-    error and stores nothing: libpq would have cut the id at the NUL and stored the rest."""
+def test_an_append_with_a_nul_in_a_text_is_refused_and_stores_nothing(ledgers: LedgerFactory, store: RawStore) -> None:
+    """Given a leased run, when the recorder is handed an append whose submission id holds a NUL (the domain
+    refuses such ids; this is psycopg's guard), then it raises a data error and stores nothing."""
     ledger = ledgers()
     assert leased_runs(ledger)["run-0"].submit(intent("op-1")).position == 3
-    row = ledger.recorder.select_run("run-0")  # type: ignore[attr-defined]
-    fence = Fence(
-        "run-0", row.head, row.head_digest, row.epoch, row.holder, row.head + 1, "sha256:next", row.epoch,
-        row.holder, row.expires_at, row.stage, row.status,
-    )  # fmt: skip
+    row = recorder(ledger).select_run("run-0")
+    assert row is not None
+    events, _ = one_event(row, "unused")
 
     with pytest.raises(DataError):
-        ledger.recorder.insert_events(  # type: ignore[attr-defined]
-            [StoredEvent("run-0", row.head + 1, "domain.events:X", b"{}")],
-            fences=[fence],
-            submissions=[SubmissionRow("s-\x00cut", "run-0", "sha256:c", row.head + 1)],
+        recorder(ledger).insert_events(
+            events, fences=[advancing(row)], submissions=[SubmissionRow("s-\x00cut", "run-0", "c", row.head + 1)]
         )
 
     assert store.event_count("run-0") == 3
     assert store.query("SELECT count(*) FROM baton_submissions WHERE submission_id LIKE ?", ("s-%",)) == [(0,)]
 
 
-def test_a_submission_while_another_thread_appends_on_the_kept_connection_goes_through_the_pool(
-    ledgers: LedgerFactory, store: RawStore
-) -> None:
-    """Given a ledger whose kept connection is in use (its lock held, as by another thread's
-    append), when a submission arrives, then it is appended on a pooled connection instead of
-    waiting: accepted at the next position, and the chain verifies."""
-    ledger = ledgers()
-    worker = leased_runs(ledger)["run-0"]
-    assert worker.submit(intent("op-1")).position == 3
-
-    with _kept(ledger).lock:
-        verdict = worker.submit(intent("op-2"))
-
-    assert (verdict.verdict, verdict.position) == ("accepted", 4)
-    assert ledger.verify(worker.run_id).events == store.event_count(worker.run_id) == 4
-
-
-@pytest.mark.parametrize("mishap", ["deallocated", "prepared_unnoted"])
-def test_the_one_event_append_survives_its_prepared_statement_dropped_or_prepared_unnoted(
-    ledgers: LedgerFactory, store: RawStore, mishap: str
-) -> None:
-    """Given a ledger that has appended once (the one-event statement prepared on its kept
-    connection), when the statement is dropped behind its back (psycopg sends DEALLOCATE ALL
-    after a rollback on a connection with its own prepared statements) or its preparation was
-    never noted (an interrupt between preparing and noting it), then the next intent is still
-    accepted at the next position and stored once."""
-    ledger = ledgers()
-    worker = leased_runs(ledger)["run-0"]
-    assert worker.submit(intent("op-1")).position == 3
-    conn = _kept(ledger).take()
-    if mishap == "deallocated":
-        conn.execute("DEALLOCATE ALL")
-    else:
-        del conn._baton_append_one_prepared
-
-    verdict = worker.submit(intent("op-2"))
-
-    assert (verdict.verdict, verdict.position) == ("accepted", 4)
-    assert ledger.verify(worker.run_id).events == store.event_count(worker.run_id) == 4
-
-
-def test_a_ledger_on_a_pool_of_one_keeps_no_connection_and_still_reads(store: RawStore) -> None:
-    """Given a ledger on a pool of at most one connection (``?pool_size=1&max_overflow=0``), when
-    it appends and then reads, then both go through: it keeps no connection for appends, which
-    would leave none for the reads."""
+def test_a_ledger_on_a_pool_of_one_appends_and_reads(store: RawStore) -> None:
+    """Given a ledger on a pool of at most one connection (``?pool_size=1&max_overflow=0``), when it
+    appends and then reads, then both go through."""
     ledger = open_ledger(store.url + "&pool_size=1&max_overflow=0", clock=ManualClock())
     try:
         worker = leased_runs(ledger)["run-0"]
@@ -316,6 +267,17 @@ def test_a_ledger_on_a_pool_of_one_keeps_no_connection_and_still_reads(store: Ra
 
         assert ledger.state(worker.run_id).version == 3  # folds from the store: a read
         assert ledger.verify(worker.run_id).events == 3
-        assert _kept(ledger) is None
     finally:
         ledger.close()
+
+
+def test_notification_ids_follow_commit_order_across_runs(ledgers: LedgerFactory) -> None:
+    """Given appends to several runs, then the global log lists every event once, in increasing ids."""
+    ledger = ledgers()
+    workers = leased_runs(ledger)
+    for run_id, worker in workers.items():
+        assert worker.submit(intent(f"op-{run_id}")).verdict == "accepted"
+
+    ids = [notification_id for notification_id, _ in ledger.all_events(page=4)]
+
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) == 3 * len(RUNS)

@@ -20,8 +20,8 @@ from integration_support import T0, TASK, LedgerFactory, RawStore, Submitter, in
 
 from baton.adapters.bootstrap import init_store
 from baton.adapters.clock import ManualClock
-from baton.adapters.eventstore import RunLedger
-from baton.adapters.eventstore import ledger as ledger_module
+from baton.adapters.eventstore import RunLedger, content_digest
+from baton.adapters.eventstore import write_path as ledger_module
 from baton.adapters.eventstore.fenced import FenceViolation
 from baton.domain.budgets import Ceilings
 from baton.domain.commands import OpenRun, RecordObservation, RecordTransition, RenewLease, Submission, Verdict
@@ -247,8 +247,8 @@ def test_submit_many_appends_ten_in_one_transaction(
     # a draft lives through its batch: tracked, its events would be promoted and bring full collections
     assert tracked == [0]
     assert not any(map(gc.is_tracked, verdicts))
-    if store.backend == "postgres":  # notification id = (transaction id << 16) + ordinal
-        rows = store.query("SELECT originator_version, notification_id >> 16 FROM batonledger_events")
+    if store.backend == "postgres":  # a row's xmin is the transaction that inserted it
+        rows = store.query("SELECT originator_version, xmin::text FROM batonledger_events")
         transactions = {position: xid for position, xid in rows}
         assert len({transactions[p] for p in range(3, 13)}) == 1
         assert transactions[3] not in {transactions[1], transactions[2]}
@@ -429,21 +429,21 @@ def test_same_id_with_its_dicts_built_in_another_order_is_a_duplicate(ledgers: L
     assert (verdict.verdict, verdict.position) == ("duplicate", 3)
 
 
-def test_a_row_written_in_the_first_digest_form_still_tells_a_retry_from_a_conflict(
+def test_a_row_written_in_the_positional_digest_form_still_tells_a_retry_from_a_conflict(
     ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Given a submission recorded by an earlier build (its row holds the first form of the content
+    """Given a submission recorded by an earlier build (its row holds the positional form of the content
     digest), when it is retried, then duplicate; when its id is reused for other content, then conflict."""
     ledger = ledgers()
     worker = leased_run(ledger)
     original = worker.submission(intent("op-1", n=1))
     with monkeypatch.context() as earlier_build:
-        earlier_build.setattr(ledger_module, "submission_digest", lambda s, _=None: ledger_module._first_form_digest(s))
+        earlier_build.setattr(ledger_module, "submission_digest", content_digest.positional_digest)
         assert ledger.submit(original).position == 3
     [(stored_digest,)] = store.query(
         "SELECT content_digest FROM baton_submissions WHERE submission_id = ?", (original.submission_id,)
     )
-    assert stored_digest == ledger_module._first_form_digest(original) != ledger_module.submission_digest(original)
+    assert stored_digest == content_digest.positional_digest(original) != content_digest.submission_digest(original)
 
     retried = ledgers().submit(original)
     reused = ledgers().submit(msgspec.structs.replace(original, command=intent("op-1", n="1")))
@@ -512,13 +512,13 @@ def test_a_lost_race_reads_only_the_tail_and_decides_like_a_fresh_fold(
     assert worker_2.submit(intent("op-warm")).verdict == "accepted"  # ledger 2 has folded the run once
     reads: list[int] = []
     for ledger in (ledger_1, ledger_2):
-        stored = ledger.stored
+        select_events = ledger.store.select_events
 
-        def spy(run_id: str, *, after: int = 0, _stored: Any = stored, **kwargs: Any) -> Any:
-            reads.append(after)
-            return _stored(run_id, after=after, **kwargs)
+        def spy(run_id: str, *, gt: int | None = None, _select: Any = select_events, **kwargs: Any) -> Any:
+            reads.append(gt or 0)
+            return _select(run_id, gt=gt, **kwargs)
 
-        monkeypatch.setattr(ledger, "stored", spy)
+        monkeypatch.setattr(ledger.store, "select_events", spy)
 
     for i in range(6):
         worker = worker_1 if i % 2 else worker_2

@@ -160,8 +160,9 @@ class LocalPostgres:
         long-running server's do; returns the segments ready in ``pg_wal``.
 
         A fresh cluster has one segment, and each further 16 MiB one is created by writing it full
-        of zeros and syncing it before the commit that needs it can finish: in ``bench/bus.py`` that
-        held every commit in flight for 40-50 ms, once every 4-5 s (a new segment per 16 MiB of WAL).
+        of zeros and syncing it before the commit that needs it can finish, which stalls every
+        commit in flight at that moment and would show up in a benchmark's tail as the server's
+        youth, not the code's cost.
         A checkpoint renames spent segments for reuse instead, up to about as much WAL as it saw.
         """
         with psycopg.connect(self.dsn(), autocommit=True) as conn:

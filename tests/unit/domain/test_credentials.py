@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from baton.domain import credentials
 from baton.domain.credentials import MAX_DEPTH, find_credential
@@ -165,25 +163,3 @@ def test_a_key_that_lower_cases_to_a_credential_name_is_found() -> None:
 
     assert found is not None
     assert "credential-named key" in found
-
-
-SCREENED_TEXT = st.one_of(
-    st.text(max_size=12),
-    st.sampled_from([text for text, _ in POSITIVE_FORMATS.values()]),
-    st.sampled_from(["sk-", "AKIA", "eyJ", "Bearer ", "://", "a:b@", "to\u212aen", "pass_word", "API-KEY"]),
-)
-SCREENED_VALUES = st.recursive(
-    st.one_of(SCREENED_TEXT, st.none(), st.booleans(), st.integers(), st.just(""), st.just([]), st.just({})),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3),
-        st.dictionaries(st.one_of(SCREENED_TEXT, st.sampled_from(list(credentials.NAMES))), children, max_size=3),
-    ),
-    max_leaves=10,
-)
-
-
-@settings(max_examples=1500, deadline=None)
-@given(SCREENED_VALUES)
-def test_the_prefilter_never_skips_what_the_walk_finds(value: Any) -> None:
-    """The quick text scan only decides what the exact walk would: same answer for any value."""
-    assert find_credential(value) == credentials._walk(value)

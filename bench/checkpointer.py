@@ -1,8 +1,8 @@
 """LangGraph checkpointer benchmark: ``BatonSaver`` against LangGraph's ``AsyncPostgresSaver``.
 
-    python bench/langgraph.py [--checkpoints N] [--rounds R] [--gets G] [--json FILE]
+    python bench/checkpointer.py [--checkpoints N] [--rounds R] [--gets G] [--json FILE]
 
-One embedded PostgreSQL (``adapters.local_servers.LocalPostgres``, fsync on) serves both savers,
+One embedded PostgreSQL (``tests.support.local_servers.LocalPostgres``, fsync on) serves both savers,
 each in its own database. Per round and per saver, on a fresh thread: N sequential ``aput`` of a
 checkpoint chained to its parent (channels: a counter and a small dict written every step, a
 256-byte constant written once), then G ``aget_tuple`` of the latest checkpoint, then 3 full
@@ -28,10 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-# run as a script, this file's directory comes first on sys.path and its name would shadow LangGraph
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver

@@ -1,0 +1,112 @@
+"""``baton handoff export|import|status`` and ``baton gate``: the handoff protocol from a shell.
+
+``export`` prepares the handoff in the source store (the lease moves there) and writes the document
+to stdout with its digest on stderr; ``import`` accepts it in the destination store (importing the
+run when that store has never seen it). Both are idempotent: after a lost reply, run the same
+command again, or ask ``status``: the store is the only source of truth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from baton.adapters import handoff as protocol
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.options import echo_json, json_option, placement_options, store_option
+from baton.domain.events import Placement
+
+__all__ = ["COMMANDS"]
+
+RUN_ID = click.argument("run_id", metavar="RUN_ID")
+READABLE = click.Path(exists=True, dir_okay=False, path_type=Path)
+TTL_MS = click.option("--ttl-ms", type=int, default=30_000, show_default=True, help="the destination's first lease")
+
+
+@click.group("handoff")
+def handoff() -> None:
+    """Hand a run to another worker, store or region."""
+
+
+@handoff.command("export")
+@RUN_ID
+@click.option("--to", "worker", required=True, metavar="WORKER", help="the destination worker")
+@click.option("--state", required=True, type=READABLE, metavar="FILE", help="the task state the last checkpoint sealed")
+@click.option("--to-version", type=int, default=None, help="migrate the state to this schema version")
+@placement_options(worker="worker")
+@TTL_MS
+@store_option
+def export(
+    run_id: str, state: Path, to_version: int | None, placement: Placement, ttl_ms: int, store: str | None
+) -> int:
+    """Prepare a handoff; the document goes to stdout, its digest to stderr."""
+    task_state: dict[str, Any] = json.loads(state.read_text(encoding="utf-8"))
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        prepared = protocol.prepare(
+            ledger, run_id, destination=placement, state=task_state, to_version=to_version, ttl_ms=ttl_ms
+        )
+    if prepared.verdict.verdict == "rejected":
+        click.echo(f"handoff refused ({prepared.verdict.reason}): {prepared.verdict.message}", err=True)
+        return 1
+    click.echo(prepared.document, nl=False)
+    click.echo(prepared.digest, err=True)
+    return 0
+
+
+@handoff.command("import")
+@click.argument("document", type=READABLE, metavar="DOCUMENT")
+@click.option("--expect-digest", required=True, metavar="DIGEST", help="the document's digest, from a trusted channel")
+@TTL_MS
+@store_option
+def import_(document: Path, expect_digest: str, ttl_ms: int, store: str | None) -> int:
+    """Accept a handoff document (imports the run).
+
+    The run is imported if this store has never seen it.
+    """
+    data = document.read_bytes()
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        verdict = protocol.accept(ledger, data, expect_digest, ttl_ms=ttl_ms)
+    echo_json(verdict)
+    return 1 if verdict.verdict == "rejected" else 0
+
+
+@handoff.command("status")
+@RUN_ID
+@store_option
+def status(run_id: str, store: str | None) -> int:
+    """What the store says about a run's handoffs.
+
+    Exit 1 if the store has never seen the run.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        found = protocol.status(ledger, run_id)
+    echo_json(found)
+    return 0 if found.exists else 1
+
+
+@click.command("gate")
+@RUN_ID
+@click.option("--worker", required=True, help="the worker asking")
+@click.option("--epoch", required=True, type=int, help="the epoch the worker believes it holds")
+@click.option("--op", required=True, metavar="OP_ID", help="the operation it wants to perform")
+@json_option
+@store_option
+def gate(run_id: str, worker: str, epoch: int, op: str, as_json: bool, store: str | None) -> int:
+    """May worker W at epoch E perform operation O now?
+
+    Exit 0 if allowed, 1 if denied.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        decision = protocol.gate(ledger, run_id, worker, epoch, op)
+    if as_json:
+        echo_json(decision)
+    else:
+        click.echo(f"{'allowed' if decision.allowed else 'denied'} ({decision.reason}): {decision.detail}")
+    return 0 if decision.allowed else 1
+
+
+COMMANDS = (handoff, gate)

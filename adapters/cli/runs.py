@@ -1,0 +1,201 @@
+"""Reading runs: ``runs``, ``history``, ``verify``, ``state``, ``budgets`` and ``resume``."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from typing import Any
+
+import click
+import msgspec
+
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.options import echo_json, json_option, no_events, placement_options, store_option
+from baton.domain.budgets import COUNTERS
+from baton.domain.canonical import short
+from baton.domain.events import Placement, RecordedEvent
+from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
+from baton.projections.resumability import summary_of
+
+__all__ = ["COMMANDS", "history_record"]
+
+RUN_ID = click.argument("run_id")
+
+
+def _iso(micros: int) -> str:
+    return dt.datetime.fromtimestamp(micros / 1e6, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+@click.command("runs")
+@json_option
+@store_option
+def runs(as_json: bool, store: str | None) -> int:
+    """List runs."""
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        rows = ledger.runs()
+    if as_json:
+        for row in rows:
+            echo_json(
+                {
+                    "run_id": row.run_id,
+                    "events": row.head,
+                    "epoch": row.epoch,
+                    "owner": row.holder,
+                    "stage": row.stage,
+                    "status": row.status,
+                    "lease_expires_at": _iso(row.expires_at) if row.expires_at else None,
+                }
+            )
+        return 0
+    click.echo(f"{'run':<24} {'events':>7} {'epoch':>5}  {'owner':<12} {'stage':<24} status")
+    for row in rows:
+        click.echo(
+            f"{row.run_id:<24} {row.head:>7} {row.epoch:>5}  {row.holder or '-':<12} {row.stage:<24} {row.status}"
+        )
+    return 0
+
+
+def history_record(event: RecordedEvent) -> dict[str, Any]:
+    """The ``history --json`` line: envelope fields first, then the event body."""
+    body = msgspec.to_builtins(event.body)
+    body.pop("type", None)
+    return {
+        "position": event.position,
+        "type": event.type,
+        "epoch": event.epoch,
+        "worker": event.worker,
+        "submission_id": event.submission_id,
+        "recorded_at": _iso(event.recorded_at),
+        "digest": event.digest,
+        "prev_digest": event.prev_digest,
+        "body": body,
+    }
+
+
+@click.command("history")
+@RUN_ID
+@json_option
+@store_option
+def history(run_id: str, as_json: bool, store: str | None) -> int:
+    """Every event of a run."""
+    found = False
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        for event in ledger.history(run_id):
+            found = True
+            if as_json:
+                echo_json(history_record(event))
+            else:
+                click.echo(
+                    f"{event.position:>5}  {_iso(event.recorded_at)}  {event.type:<20} {event.worker:<12} "
+                    f"{event.epoch:>5}  {short(event.digest)} <- {short(event.prev_digest)}"
+                )
+    return 0 if found else no_events(run_id)
+
+
+@click.command("verify")
+@RUN_ID
+@store_option
+def verify(run_id: str, store: str | None) -> int:
+    """Verify a run's hash chain."""
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        report = ledger.verify(run_id)
+    if report.events == 0:
+        return no_events(run_id)
+    click.echo(f"run {run_id}: {report.events} events, chain verified, head {report.head_digest}")
+    return 0
+
+
+@click.command("state")
+@RUN_ID
+@click.option("--at", type=int, default=None, metavar="POSITION", help="position (default: the head)")
+@json_option
+@store_option
+def state(run_id: str, at: int | None, as_json: bool, store: str | None) -> int:
+    """The portable state of a run at a position.
+
+    Time travel: the fold of the run's events up to --at.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        events = list(ledger.history(run_id, upto=at))
+    if not events:
+        return no_events(run_id)
+    checkpoint = portable_state(events, run_id)
+    if as_json:
+        echo_json(checkpoint)
+    else:
+        for name, value in msgspec.to_builtins(checkpoint).items():
+            click.echo(f"{name:<26} {value}")
+    return 0
+
+
+@click.command("budgets")
+@click.option("--run", "run_id", metavar="RUN_ID", help="one run only (default: every run)")
+@click.option("--by", type=click.Choice(list(DIMENSIONS)), default="run", show_default=True, help="roll up by")
+@json_option
+@store_option
+def budgets(run_id: str | None, by: str, as_json: bool, store: str | None) -> int:
+    """Cumulative budget usage, per run or rolled up.
+
+    Folded from the whole log in global order.
+    """
+    fold = BudgetUsageFold()
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        for _, event in ledger.all_events():
+            if run_id is None or event.run_id == run_id:
+                fold.apply(event)
+    rows = fold.by(by)  # type: ignore[arg-type]  # click.Choice admits only DIMENSIONS
+    if as_json:
+        for key, usage in rows.items():
+            echo_json({by: key, **msgspec.to_builtins(usage)})
+        return 0
+    click.echo(f"{by:<24} " + " ".join(f"{name:>14}" for name in COUNTERS))
+    for key, usage in rows.items():
+        click.echo(f"{key or '-':<24} " + " ".join(f"{getattr(usage, name):>14}" for name in COUNTERS))
+    return 0
+
+
+@click.command("resume")
+@RUN_ID
+@click.option("--worker", required=True, help="the worker that would resume the run")
+@placement_options(worker="worker")
+@json_option
+@click.option("--no-snapshots", is_flag=True, help="fold the whole history (audit, benchmarks)")
+@store_option
+def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool, store: str | None) -> int:
+    """What resuming a run on a target placement needs.
+
+    The resumability class and its reasons, the checkpoint, the budgets and the replay prefix.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        fold = ledger.resume_fold(run_id, snapshots=not no_snapshots)
+        if fold.run.version == 0:
+            return no_events(run_id)
+        summary = summary_of(fold)
+        verdict = classify(summary, placement, ledger.clock.now())
+        checkpoint = fold.snapshot()
+        replay_prefix = list(ledger.replay_steps(run_id, summary.prefix))
+    if as_json:
+        echo_json(
+            {
+                "run_id": run_id,
+                "resumability": {"class": str(verdict.cls), "reasons": list(verdict.reasons)},
+                "checkpoint": msgspec.to_builtins(checkpoint),
+                "budgets": {
+                    "usage": msgspec.to_builtins(checkpoint.usage),
+                    "ceilings": msgspec.to_builtins(checkpoint.ceilings),
+                },
+                "replay_prefix": msgspec.to_builtins(replay_prefix),
+                "replay_after_position": summary.prefix.start,
+                "uncertain": msgspec.to_builtins(summary.prefix.uncertain),
+            }
+        )
+        return 0
+    click.echo(f"run {run_id}: {verdict.cls} for {placement.worker}")
+    for reason in verdict.reasons:
+        click.echo(f"  - {reason}")
+    click.echo(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
+    click.echo(f"replay prefix: {summary.prefix.length} operations; uncertain: {len(summary.prefix.uncertain)}")
+    return 0
+
+
+COMMANDS = (runs, history, verify, state, budgets, resume)

@@ -1,0 +1,47 @@
+"""The wire format from a shell: ``baton submit`` reads it, ``baton schema`` describes it."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+import msgspec
+
+from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.options import echo_json, store_option
+from baton.adapters.wire import decode_submission
+from baton.domain.commands import Submission, Verdict
+from baton.domain.events import RecordedEvent
+
+__all__ = ["COMMANDS"]
+
+SCHEMAS = {"submission": Submission, "verdict": Verdict, "event": RecordedEvent}
+
+
+@click.command("submit")
+@store_option
+def submit(store: str | None) -> int:
+    """JSON Lines submissions on stdin -> verdict lines.
+
+    A malformed line gets a ``malformed`` rejection and the stream goes on.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        for raw in sys.stdin:
+            line = raw.strip()
+            if not line:
+                continue
+            decoded = decode_submission(line.encode())
+            echo_json(decoded if isinstance(decoded, Verdict) else ledger.submit(decoded))
+    return 0
+
+
+@click.command("schema")
+@click.argument("what", type=click.Choice(list(SCHEMAS)), default="submission", metavar="[submission|verdict|event]")
+def schema(what: str) -> int:
+    """Print the JSON Schema of the wire format."""
+    echo_json(msgspec.json.schema(SCHEMAS[what]))
+    return 0
+
+
+COMMANDS = (submit, schema)

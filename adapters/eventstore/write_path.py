@@ -1,0 +1,243 @@
+"""The ledger's write path: decide, seal and append a batch of submissions with the fence.
+
+A decision is made on working copies of the cached states; only after the append commits are the
+copies cached. A rejection or a failed append leaves the cache as it was, a prefix of the log.
+A retry of an accepted submission returns the original verdict; a fence failure returns
+``stale_epoch`` with the current epoch; a lost race reads the log's tail and decides again.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import NamedTuple, cast
+
+from eventsourcing.persistence import InterfaceError, OperationalError, PersistenceError, StoredEvent
+
+from baton.adapters.clock import Clock
+from baton.adapters.eventstore.content_digest import same_content, submission_digest
+from baton.adapters.eventstore.fenced import (
+    MAX_EVENTS_PER_APPEND,
+    AppendConflict,
+    DuplicateSubmission,
+    FenceViolation,
+    Riders,
+    SubmissionRow,
+)
+from baton.adapters.eventstore.mapper import StoredRunEvent, decode_recorded
+from baton.adapters.eventstore.ports import AsyncAppender, FencedRecorder
+from baton.adapters.eventstore.state_cache import StateCache, working_copy
+from baton.domain import errors
+from baton.domain.chain import seal_stored
+from baton.domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
+from baton.domain.decide import decide, envelope_epoch
+from baton.domain.fencing import Fence, fence_for
+from baton.domain.state import RunState, apply
+
+__all__ = ["WritePath", "submission_digest"]
+
+_UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race is re-decided, not called stale
+_MAX_ATTEMPTS = 16
+
+
+class _Draft(NamedTuple):
+    """A decided, sealed attempt not yet appended; ``after`` is what to cache once it is stored."""
+
+    after: list[RunState]
+    pending: list[StoredRunEvent]
+    fences: list[Fence]
+    rows: list[SubmissionRow]
+    verdicts: list[Verdict]
+
+    @property
+    def stored(self) -> Sequence[StoredEvent]:
+        """``pending`` as a recorder takes it: each has the four fields of a ``StoredEvent`` it reads."""
+        return cast("Sequence[StoredEvent]", self.pending)
+
+
+class WritePath:
+    """Submissions in, verdicts out; the store's fence makes a decision on a stale state harmless."""
+
+    def __init__(self, store: FencedRecorder, cache: StateCache, clock: Clock) -> None:
+        self.store = store
+        self.cache = cache
+        self.clock = clock
+
+    def current(self, run_id: str, *, refresh: bool = True) -> RunState:
+        """The cached state, caught up with the store's log unless ``refresh`` is off.
+
+        The caller holds the run's lock. The result is cached (it holds only stored events) and
+        must not be changed: decisions are made on a ``working_copy``. Skipping the catch-up read
+        is safe for appends: the fence rejects a decision made on a stale state.
+        """
+        state = self.cache.get(run_id)
+        if state is not None and not refresh:
+            return state
+        state = RunState(run_id=run_id) if state is None else working_copy(state)
+        for stored in self.store.select_events(run_id, gt=state.version or None):
+            apply(state, decode_recorded(stored.topic, stored.state))
+        self.cache.put([state])
+        return state
+
+    def submit(self, submission: Submission) -> Verdict:
+        """Decide and append one submission: a verdict, or ``StoreUnavailable``; never a half-write.
+
+        A lost race is retried with jittered exponential backoff, so competing writers (a takeover
+        against a busy old owner) interleave instead of starving one another.
+        """
+        for attempt in range(_MAX_ATTEMPTS):
+            if attempt > 1:
+                time.sleep(random.uniform(0, min(0.064, 0.001 * 2**attempt)))
+            if attempt == _MAX_ATTEMPTS // 2:
+                # Refreshed and still losing: more likely a cached state that is not a prefix of the
+                # log (a bug elsewhere) than a race; fold the run from the log once.
+                self.cache.forget([submission.run_id])
+            verdict = self._attempt([submission], refresh=attempt > 0)
+            if verdict is not None:
+                return verdict[0]
+        return _rejected(submission, errors.ConcurrencyConflict("gave up after repeated concurrent changes"))
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        """Submit a batch in one transaction when every submission is accepted.
+
+        If any is rejected, or the batch loses a race, each is submitted on its own instead, so
+        every submission still gets exactly the verdict it would have had alone.
+        """
+        if 0 < len(submissions) <= MAX_EVENTS_PER_APPEND // 2:
+            # A second try on refreshed states: a batch that only lost a race to another process
+            # (its cached states were behind) stays one transaction.
+            for refresh in (False, True):
+                verdicts = self._attempt(list(submissions), all_or_nothing=True, refresh=refresh)
+                if verdicts is not None:
+                    return verdicts
+        return [self.submit(s) for s in submissions]
+
+    async def asubmit(
+        self, appender: AsyncAppender, submission: Submission, *, riders: Riders | None = None
+    ) -> Verdict | None:
+        """``submit`` awaited on ``appender`` when it needs no more than CPU and one append: else None.
+
+        None for no cached state, the run busy in another thread, a rejection to explain, a lost
+        race or a store error; the caller then calls ``submit`` in a thread, which decides again from
+        the store and answers ``duplicate`` if this try did commit after all.
+        """
+        stripe = self.cache.stripe(submission.run_id)
+        if not appender.ready() or not stripe.acquire(blocking=False):  # never block the loop
+            return None
+        try:
+            state = self.cache.get(submission.run_id)
+            if state is None:
+                return None
+            draft = self._draft([submission], {submission.run_id: state}, refresh=False, all_or_nothing=True)
+            if not isinstance(draft, _Draft):
+                return None
+            try:
+                await appender.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, riders=riders)
+            except PersistenceError:
+                return None
+            self.cache.put(draft.after)
+            return draft.verdicts[0]
+        finally:
+            stripe.release()
+
+    def _attempt(self, batch: list[Submission], *, refresh: bool, all_or_nothing: bool = False) -> list[Verdict] | None:
+        """One try: verdicts, or None when the caller should refresh and try again.
+
+        Without ``refresh`` the cached state is trusted for the decision; a rejection decided on
+        it is not trusted (the cache may be behind): the caller refreshes and decides again.
+        """
+        run_ids = sorted({s.run_id for s in batch})
+        with self.cache.locked(run_ids):
+            try:
+                states = {run_id: self.current(run_id, refresh=refresh) for run_id in run_ids}
+                draft = self._draft(batch, states, refresh=refresh, all_or_nothing=all_or_nothing)
+                if not isinstance(draft, _Draft):
+                    return draft
+                try:
+                    self.store.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows)
+                except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
+                    return None if all_or_nothing else self._after_failed_append(batch[0], failure)
+            except (OperationalError, InterfaceError) as exc:  # reads included: a verdict, or this
+                raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
+            self.cache.put(draft.after)
+            return draft.verdicts
+
+    def _draft(
+        self, batch: list[Submission], states: dict[str, RunState], *, refresh: bool, all_or_nothing: bool
+    ) -> _Draft | list[Verdict] | None:
+        """Decide and seal ``batch`` on working copies of ``states``: what to append, or the verdicts of
+        a rejection, or None when the caller should refresh and try again. ``states`` are not changed."""
+        now = self.clock.now()
+        working = {run_id: working_copy(state) for run_id, state in states.items()}
+        pending: list[StoredRunEvent] = []
+        rows: list[SubmissionRow] = []
+        verdicts: list[Verdict] = []
+        for submission in batch:
+            state = working[submission.run_id]
+            try:
+                bodies = decide(state, submission, now)
+            except errors.Rejection as rejection:
+                if all_or_nothing or not refresh:
+                    return None
+                return [self._after_rejection(submission, rejection)]
+            epoch = envelope_epoch(state, submission, bodies)
+            for recorded, stored in seal_stored(
+                state.run_id, state.version, state.head_digest, submission, epoch, bodies, now
+            ):
+                apply(state, recorded)
+                pending.append(StoredRunEvent.of(recorded, stored))
+            digest = submission_digest(submission)
+            rows.append(SubmissionRow(submission.submission_id, state.run_id, digest, state.version))
+            verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
+        fences = [fence_for(states[run_id], working[run_id]) for run_id in sorted(states)]
+        return _Draft(list(working.values()), pending, fences, rows, verdicts)
+
+    def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
+        if isinstance(failure, DuplicateSubmission):
+            return [self._duplicate_or_conflict(submission)]
+        if (
+            isinstance(failure, FenceViolation)
+            and not isinstance(submission.command, _UNFENCED)
+            and (failure.epoch != submission.epoch or failure.holder != submission.worker)
+        ):
+            return [self._after_rejection(submission, _stale(submission, failure))]
+        return None
+
+    def _after_rejection(self, submission: Submission, rejection: errors.Rejection) -> Verdict:
+        """A rejected retry of an accepted submission is still a duplicate: look before rejecting."""
+        recorded = self.store.select_submission(submission.submission_id)
+        if recorded is not None:
+            return self._duplicate_or_conflict(submission, recorded)
+        return _rejected(submission, rejection)
+
+    def _duplicate_or_conflict(self, submission: Submission, recorded: SubmissionRow | None = None) -> Verdict:
+        recorded = recorded or self.store.select_submission(submission.submission_id)
+        if recorded is None:
+            msg = f"submission {submission.submission_id!r} was refused as a duplicate but has no stored row"
+            raise errors.StoreUnavailable(msg)
+        if recorded.run_id == submission.run_id and same_content(recorded.content_digest, submission):
+            return Verdict(submission.submission_id, "duplicate", submission.run_id, position=recorded.position)
+        conflict = errors.SubmissionConflict(
+            f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
+        )
+        return _rejected(submission, conflict)
+
+
+def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpoch:
+    msg = (
+        f"{submission.worker!r} at epoch {submission.epoch} does not hold the lease "
+        f"(current epoch {violation.epoch}, holder {violation.holder!r})"
+    )
+    return errors.StaleEpoch(msg, current_epoch=violation.epoch)
+
+
+def _rejected(submission: Submission, error: errors.BatonError) -> Verdict:
+    return Verdict(
+        submission.submission_id,
+        "rejected",
+        submission.run_id,
+        reason=error.reason,
+        message=error.message,
+        current_epoch=getattr(error, "current_epoch", None),
+    )

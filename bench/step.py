@@ -1,0 +1,171 @@
+"""One durable agent step (intent, a trivial tool, observation), Baton against its peers on one PostgreSQL.
+
+    python bench/step.py [--steps N] [--rounds R] [--json FILE]
+
+One embedded PostgreSQL (fsync on) serves every contender, each in its own database:
+
+- **baton**: ``baton.Worker`` over ``LedgerTransport`` on a PostgreSQL ledger: ``intend``, the tool,
+  ``observe`` (two fenced, committed appends per step: the intent is durable before the tool runs).
+- **langgraph**: a one-node ``StateGraph`` looping N supersteps, each calling the tool, checkpointed by
+  LangGraph's ``PostgresSaver`` with ``durability="sync"`` (the checkpoint commits before the next step).
+- **dbos**: a DBOS workflow calling the tool as a ``@DBOS.step`` N times (each step's output is
+  recorded in DBOS's system database before the next one).
+
+Rounds alternate the order of the contenders so a burst of load on the shared machine hits each.
+Reported: the median over rounds of the time per step, and each peer's time over Baton's (above 1
+means Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypedDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.machine import machine_info
+from tests.support.local_servers import LocalPostgres
+
+GOALS = {"langgraph": 2.0, "dbos": 4.0}
+
+
+def tool(i: int) -> dict[str, int]:
+    """The trivial tool every contender calls once per step."""
+    return {"i": i, "square": i * i}
+
+
+def baton_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+    import baton
+
+    baton.init_store(url)
+    ledger = baton.open_ledger(url)
+    closers.append(ledger.close)
+    worker = baton.Worker(baton.Placement("bench", tool_contracts=("tool@1",)), baton.LedgerTransport(ledger), ledger)
+
+    def run(steps: int) -> float:
+        run_id = f"step-{uuid.uuid4().hex[:8]}"
+        worker.open_run(run_id, "rel-1", ("bench", 1), {"goal": "steps"})
+        worker.acquire(run_id)
+        start = time.perf_counter()
+        for i in range(steps):
+            context = baton.IntentContext(i, "tool", effect="read", arguments={"i": i})
+            worker.intend(run_id, f"op-{i}", "tool@1", context)
+            worker.observe(run_id, f"op-{i}", context, result=tool(i))
+        return (time.perf_counter() - start) / steps
+
+    return run
+
+
+class _Loop(TypedDict):
+    i: int
+    last: dict[str, int]
+
+
+def langgraph_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.graph import END, START, StateGraph
+    from psycopg import Connection
+    from psycopg.rows import dict_row
+
+    connection = Connection.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    saver = PostgresSaver(connection)  # type: ignore[arg-type]
+    saver.setup()
+    closers.append(connection.close)
+
+    def call_tool(state: _Loop) -> dict[str, Any]:
+        return {"i": state["i"] + 1, "last": tool(state["i"])}
+
+    def run(steps: int) -> float:
+        graph = StateGraph(_Loop)
+        graph.add_node("tool", call_tool)
+        graph.add_edge(START, "tool")
+        graph.add_conditional_edges("tool", lambda s: END if s["i"] >= steps else "tool")
+        app = graph.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": steps + 10}
+        start = time.perf_counter()
+        final = app.invoke({"i": 0, "last": {}}, config, durability="sync")
+        elapsed = time.perf_counter() - start
+        assert final["i"] == steps, final
+        return elapsed / steps
+
+    return run
+
+
+def dbos_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+    from dbos import DBOS, DBOSConfig
+
+    DBOS(config=DBOSConfig(name="bench-step", system_database_url=url, run_admin_server=False))
+
+    @DBOS.step()
+    def dbos_tool(i: int) -> dict[str, int]:
+        return tool(i)
+
+    @DBOS.workflow()
+    def loop(steps: int) -> int:
+        for i in range(steps):
+            dbos_tool(i)
+        return steps
+
+    DBOS.launch()
+    closers.append(DBOS.destroy)  # before the server stops: DBOS keeps a listening connection
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        assert loop(steps) == steps
+        return (time.perf_counter() - start) / steps
+
+    return run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=500, help="steps per run")
+    parser.add_argument("--rounds", type=int, default=5, help="timed runs per contender")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    info = machine_info()
+    closers: list[Callable[[], None]] = []
+    with LocalPostgres() as server:
+        contenders = {
+            "baton": baton_contender(server.create_database("bench_step_baton"), closers),
+            "langgraph": langgraph_contender(server.create_database("bench_step_langgraph"), closers),
+            "dbos": dbos_contender(server.create_database("bench_step_dbos"), closers),
+        }
+        for run in contenders.values():
+            run(50)  # warm: connections, prepared statements, imports
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        names = list(contenders)
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                times[name].append(contenders[name](args.steps))
+                print(f"round {r} {name}: {times[name][-1] * 1e3:.3f} ms/step", file=sys.stderr)
+        for close in closers:
+            close()
+    info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    print("| | " + " | ".join(f"{k}: {v}" for k, v in info.items()) + " |\n")
+    print(f"{args.steps} steps per run, {args.rounds} rounds, median ms per step\n")
+    print("| contender | ms/step | peer / Baton | goal | met |")
+    print("|---|---|---|---|---|")
+    summary: dict[str, dict[str, float | bool | None]] = {"baton": {"ms": medians["baton"] * 1e3}}
+    print(f"| baton | {medians['baton'] * 1e3:.3f} | - | - | - |")
+    for name, goal in GOALS.items():
+        ratio = medians[name] / medians["baton"]
+        summary[name] = {"ms": medians[name] * 1e3, "ratio": ratio, "goal": goal, "met": ratio >= goal}
+        met = "yes" if ratio >= goal else "NO"
+        print(f"| {name} | {medians[name] * 1e3:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {met} |")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "times": times, "summary": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
