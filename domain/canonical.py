@@ -42,17 +42,23 @@ def canonical_value(value: Any, *, opaque: bool = False) -> Any:
 
     Containers must be exactly ``dict``, ``list`` or ``tuple`` (what ``msgspec.to_builtins`` gives);
     subclasses of ``str`` and ``int`` (string and integer enums) are written as their plain values.
+    The exact builtin types are looked at first because nearly every value is one of them.
     """
-    if value is None or isinstance(value, bool):
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
         return value
+    if kind is int:
+        return value if opaque else str(value)
+    if kind is dict:
+        return {_key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [canonical_value(v, opaque=opaque) for v in value]
+    if isinstance(value, bool):
+        return bool(value)
     if isinstance(value, str):
         return str(value)
     if isinstance(value, int):
         return int(value) if opaque else str(int(value))
-    if type(value) is dict:
-        return {_key(k): canonical_value(v, opaque=opaque or k in OPAQUE_KEYS) for k, v in value.items()}
-    if type(value) is list or type(value) is tuple:
-        return [canonical_value(v, opaque=opaque) for v in value]
     if isinstance(value, float):
         msg = "floats have no canonical form; use integers (e.g. micro-units) or strings"
         raise ValueError(msg)
