@@ -37,7 +37,7 @@ ZERO_DIGEST = "sha256:" + "0" * 64
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
-def canonical_value(value: Any, *, opaque: bool = False) -> Any:
+def canonical_value(value: Any, *, opaque: bool = False) -> Any:  # noqa: PLR0911 - one flat dispatch by type
     """Turn builtins into their canonical shape: schema ints to decimal strings, no floats.
 
     Containers must be exactly ``dict``, ``list`` or ``tuple`` (what ``msgspec.to_builtins`` gives);

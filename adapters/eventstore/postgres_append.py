@@ -27,10 +27,19 @@ from baton.adapters.eventstore.fenced import (
     library_error_class,
     sorted_fences,
 )
-from baton.adapters.eventstore.postgres_schema import FENCE_COLUMNS, FENCE_SQLSTATE
+from baton.adapters.eventstore.postgres_schema import APPEND_LOCK, FENCE_COLUMNS, FENCE_SQLSTATE
 from baton.domain.fencing import Fence
 
-__all__ = ["Statement", "append_call", "append_params", "before_events", "library_error", "translate"]
+__all__ = [
+    "Statement",
+    "append_call",
+    "append_params",
+    "before_events",
+    "library_error",
+    "one_run_append",
+    "one_run_params",
+    "translate",
+]
 
 Statement = tuple[QueryNoTemplate, Sequence[Any]]
 
@@ -47,7 +56,7 @@ def before_events(
     """The statements to run, in order, in the append's transaction before its events are inserted."""
     if len({f.run_id for f in fences}) != len(fences):
         raise ValueError(f"an append takes one fence per run, not {sorted(f.run_id for f in fences)}")
-    statements: list[Statement] = []
+    statements: list[Statement] = [(f"SELECT {APPEND_LOCK}", ())]
     if fences:
         fence = SQL("SELECT {0}.baton_fence(%s::json)").format(Identifier(schema))
         statements.append((fence, (_json.encode(sorted_fences(fences)).decode(),)))
@@ -62,6 +71,47 @@ def before_events(
         clauses, params = riders
         statements.append((f"WITH {clauses} SELECT 1", params))
     return statements
+
+
+def one_run_append(schema: str, events_table: str) -> QueryNoTemplate:
+    """The usual append (one submission's events on a run that exists, no riders) as one plain statement.
+
+    The compare-and-set of the run row feeds the submission row and the events: when it misses, no
+    row comes back and nothing is written. The append lock is taken before the run row is, as in
+    every other append, so two appends cannot wait on each other in opposite orders.
+    """
+    return SQL(
+        "WITH baton_lock AS (SELECT " + APPEND_LOCK + "), "
+        "baton_fenced AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
+        "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
+        "status = %(status)s FROM baton_lock WHERE run_id = %(run_id)s AND head = %(expected_head)s "
+        "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
+        "AND holder IS NOT DISTINCT FROM %(expected_holder)s RETURNING run_id), "
+        "baton_submitted AS (INSERT INTO {schema}.baton_submissions (submission_id, run_id, content_digest, position) "
+        "SELECT %(submission_id)s, run_id, %(content_digest)s, %(position)s FROM baton_fenced) "
+        "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state) "
+        "SELECT baton_fenced.run_id, e.v, e.t, e.s FROM baton_fenced, "
+        "unnest(%(versions)s::bigint[], %(topics)s::text[], %(states)s::bytea[]) AS e(v, t, s) "
+        "RETURNING notification_id"
+    ).format(schema=Identifier(schema), table=Identifier(events_table))
+
+
+def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[StoredEvent]) -> dict[str, Any] | None:
+    """The parameters of ``one_run_append``, or None when the append is not one it can write."""
+    if fence.expected_head == 0 or submission.run_id != fence.run_id:
+        return None  # a new run's row is inserted, not compare-and-set: ``append_call`` does that
+    if any(e.originator_id != fence.run_id for e in events):
+        return None
+    params: dict[str, Any] = msgspec.structs.asdict(fence)
+    params.update(
+        submission_id=submission.submission_id,
+        content_digest=submission.content_digest,
+        position=submission.position,
+        versions=[e.originator_version for e in events],
+        topics=[e.topic for e in events],
+        states=[e.state for e in events],
+    )
+    return params
 
 
 def append_call(schema: str) -> QueryNoTemplate:

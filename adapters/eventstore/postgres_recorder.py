@@ -7,10 +7,13 @@ fences the run rows first (``baton_fence`` locks them ``FOR UPDATE``, in run id 
 table lock), then inserts the submission rows: a stale writer is refused with SQLSTATE ``23F01``
 (class 23, an ``IntegrityError`` the library does not retry) and nothing of its append is stored.
 
-An append is one statement, ``baton_append_events(...)``, which runs those same steps in that
-order inside the server: one round trip instead of the library pipeline's several, as the
-library's own ``enable_db_functions`` path does (which, unlike this one, skips the table lock and
-``_insert_events``). An append with riders (side-table clauses) takes the library's transaction.
+An append is one statement: one round trip instead of the library pipeline's several, as the
+library's own ``enable_db_functions`` path is (which, unlike these, skips the table lock and
+``_insert_events``). The usual append (one submission's events on a run that exists) is a plain
+SQL statement whose compare-and-set feeds its inserts; any other calls ``baton_append_events``,
+which runs the steps above in that order inside the server. Every append first takes the append
+lock (``postgres_schema.APPEND_LOCK``), held until it commits, so notification ids commit in id
+order. An append with riders (side-table clauses) takes the library's transaction.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
 from baton.adapters.eventstore import postgres_schema
-from baton.adapters.eventstore.fenced import Riders, RunRow, SubmissionRow
+from baton.adapters.eventstore.fenced import Riders, RunRow, SubmissionRow, fence_missed
 from baton.adapters.eventstore.ports import AsyncAppender
-from baton.adapters.eventstore.postgres_append import Statement, append_call, append_params, before_events, translate
+from baton.adapters.eventstore.postgres_append import (
+    Statement,
+    append_call,
+    append_params,
+    before_events,
+    one_run_append,
+    one_run_params,
+    translate,
+)
 from baton.adapters.eventstore.postgres_async import AsyncAppends
 from baton.domain.fencing import Fence
 
@@ -51,6 +62,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self._riders = _Riders()
         self.notify_statement = SQL("NOTIFY {0}").format(Identifier(self.channel_name))
         self.append_call = append_call(self.datastore.schema)
+        self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
 
     def create_table(self) -> None:
         """What the library calls under ``CREATE_TABLE=y``: apply the migrations."""
@@ -78,12 +90,29 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 notification_ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
                 return notification_ids
             fences, submissions = kwargs.get("fences", ()), kwargs.get("submissions", ())
+            one = (
+                one_run_params(fences[0], submissions[0], stored_events)
+                if len(fences) == len(submissions) == 1
+                else None
+            )
+            if one is not None:
+                return self._append_one_run(one)
             params = append_params(fences, submissions, stored_events, self.channel_name)
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 curs.execute(self.append_call, params, prepare=True)
                 return [row["baton_append_events"] for row in curs.fetchall()]
         except IntegrityError as exc:
             raise translate(exc) from exc
+
+    def _append_one_run(self, params: dict[str, Any]) -> list[int]:
+        """The usual append in one plain statement; no row back means the fence missed."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self.one_run_append, params, prepare=True)
+            ids = [row["notification_id"] for row in curs.fetchall()]
+        if not ids:
+            row = self.select_run(params["run_id"])
+            raise fence_missed(params["run_id"], None if row is None else (row.head, row.epoch, row.holder))
+        return ids
 
     def _insert_events(
         self,

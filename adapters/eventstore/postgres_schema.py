@@ -44,6 +44,10 @@ FENCE_COLUMNS = {  # ``Fence``'s fields, in order, as ``json_to_recordset`` read
     "status": "text",
 }
 _SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('baton schema'))"
+# Every append takes this lock before its events get their notification ids and holds it until it
+# commits, so ids commit in id order and a tailing reader never skips one (the role the library's
+# table lock plays for its own appends, which this lock precedes).
+APPEND_LOCK = "pg_advisory_xact_lock(7290150301)"
 
 # Row locks in one global order (run id, byte order as Python's ``sorted``), so two appends cannot
 # deadlock; a new run's row is its insert, which waits on a concurrent insert of the same run.
@@ -83,6 +87,7 @@ CREATE OR REPLACE FUNCTION {schema}.baton_append_events(p_fences json, p_submiss
     p_versions bigint[], p_topics text[], p_states bytea[], p_channel text) RETURNS SETOF bigint
     LANGUAGE plpgsql AS $append$
 BEGIN
+    PERFORM <append_lock>;
     IF p_fences IS NOT NULL THEN
         PERFORM {schema}.baton_fence(p_fences);
     END IF;
@@ -95,7 +100,7 @@ BEGIN
         SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states) RETURNING t.notification_id;
 END
 $append$
-"""
+""".replace("<append_lock>", APPEND_LOCK)
 
 _REFUSE_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $r$

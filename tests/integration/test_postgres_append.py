@@ -17,6 +17,7 @@ from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.fenced import AppendConflict, FenceViolation, RunRow, SubmissionRow
 from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
+from baton.adapters.eventstore.postgres_schema import APPEND_LOCK
 from baton.domain.fencing import Fence
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
@@ -58,37 +59,41 @@ def one_event(row: RunRow, sid: str) -> tuple[list[StoredEvent], list[Submission
     ]
 
 
-def test_an_append_locks_its_run_rows_before_the_table(ledgers: LedgerFactory, store: RawStore) -> None:
-    """Given another transaction holding the events table's lock (as another append would), when an append
-    to run-0 starts, then it waits for the table holding run-0's row lock already: rows before the table."""
+@pytest.mark.parametrize("opens_a_run", [False, True], ids=["advancing", "opening"])
+def test_an_append_takes_the_append_lock_before_any_run_row(
+    ledgers: LedgerFactory, store: RawStore, opens_a_run: bool
+) -> None:
+    """Given another transaction holding the append lock (as another append would), when an append starts
+    (the one-statement path advancing a run, and the function path opening one), then it waits for that
+    lock holding no run row yet, and completes once it is released: every append locks in one order."""
     ledger = ledgers()
     row = recorder(ledger).select_run(leased_runs(ledger)["run-0"].run_id)
     assert row is not None
-    events, rows = one_event(row, "s-1")
-    appending = threading.Thread(
-        target=recorder(ledger).insert_events, args=(events,), kwargs={"fences": [advancing(row)], "submissions": rows}
-    )
-    with psycopg.connect(store.url) as table_lock:
-        table_lock.execute("LOCK TABLE batonledger_events IN EXCLUSIVE MODE")
+    if opens_a_run:
+        events = [StoredEvent("run-new", 1, "domain.events:X", b"{}")]
+        kwargs = {"fences": [opening("run-new", "A")], "submissions": [SubmissionRow("s-1", "run-new", "c", 1)]}
+    else:
+        events, rows = one_event(row, "s-1")
+        kwargs = {"fences": [advancing(row)], "submissions": rows}
+    appending = threading.Thread(target=recorder(ledger).insert_events, args=(events,), kwargs=kwargs)
+    with psycopg.connect(store.url) as holder:
+        holder.execute(f"SELECT {APPEND_LOCK}")
         appending.start()
         try:
             deadline = time.monotonic() + 10
-            while not _waits_for_lock(store, "batonledger_events") and time.monotonic() < deadline:
+            while not _waits_for_advisory_lock(store) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert _waits_for_lock(store, "batonledger_events")
-            with pytest.raises(psycopg.errors.LockNotAvailable), psycopg.connect(store.url) as probe:
+            assert _waits_for_advisory_lock(store)
+            with psycopg.connect(store.url) as probe:  # the run row is free: NOWAIT would raise otherwise
                 probe.execute("SELECT 1 FROM baton_runs WHERE run_id = 'run-0' FOR UPDATE NOWAIT")
         finally:
-            table_lock.rollback()
+            holder.rollback()
             appending.join(timeout=30)
-    assert store.event_count("run-0") == 3
+    assert store.event_count("run-new" if opens_a_run else "run-0") == (1 if opens_a_run else 3)
 
 
-def _waits_for_lock(store: RawStore, table: str) -> bool:
-    rows = store.query(
-        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE NOT l.granted AND c.relname = ?",
-        (table,),
-    )
+def _waits_for_advisory_lock(store: RawStore) -> bool:
+    rows = store.query("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory'", ())
     return bool(rows[0][0])
 
 
