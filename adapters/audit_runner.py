@@ -29,8 +29,7 @@ __all__ = ["AUDIT_ERRORS", "DEFAULT_JOBS", "PARALLEL_MIN_EVENTS", "AuditReport",
 
 PARALLEL_MIN_EVENTS = 50_000  # below this, starting worker processes costs more than they save
 # One process more than the CPUs (at most 4): a process waiting for its next chunk of rows from the
-# server leaves its CPU to another. 1M events on 2 CPUs (bench/audit.py, 20:02-20:04 UTC): 98k
-# events/s with two processes, 105k with three.
+# server leaves its CPU to another (docs/benchmarks.md, "Audit").
 DEFAULT_JOBS = min(4, (os.cpu_count() or 1) + 1)
 _TICK = 1024  # events between progress updates
 _generic = msgspec.json.Decoder()

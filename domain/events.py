@@ -7,9 +7,8 @@ method that rewrites the stored dict before decoding. Stored bytes and digests a
 Envelopes, bodies and contexts are values: trees, as every decoder makes them. They are made
 ``gc=False``, so the cycle collector never walks them; the price is that a cycle an in-process
 caller builds through one (a context whose arguments hold the context) is never collected. Such a
-value has no JSON text either, so it is never stored. A batch of 1000 intents otherwise set off a
-collection of the young generation every 70 events and of the whole heap every few batches
-(about 10 ms per batch in ``bench/append.py``).
+value has no JSON text either, so it is never stored. Without it a large batch would set off
+collections of the young generation, and of the whole heap, for values that hold no cycle.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ would collide with a user's own modules."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_wheel_ships_only_the_baton_package(tmp_path: Path) -> None:
     """Given the repository, when its wheel is built, then every module in it lives under ``baton/``."""
+    source = tmp_path / "source"  # a copy: building leaves build/ behind, and a stale one would be packaged
+    skipped = shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=skipped)
     subprocess.run(
         [
             sys.executable,
@@ -23,7 +27,7 @@ def test_the_wheel_ships_only_the_baton_package(tmp_path: Path) -> None:
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,27 @@ def test_static_check_passes(command: tuple[str, ...]) -> None:
         pytest.fail(f"{command[0]} is not installed: install the test extra")
     result = _run(*command)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+_LIBRARIES = r"(?:nats|eventsourcing|psycopg|psycopg_pool|faststream)"
+_FORBIDDEN = {
+    "generated code (exec/compile)": re.compile(r"(?<![\w.])(?:exec|compile)\("),
+    "a private name of a library": re.compile(
+        rf"from {_LIBRARIES}[\w.]* import [^#\n]*\b_[A-Za-z]|import {_LIBRARIES}[\w.]*\._"
+    ),
+}
+
+
+def test_the_package_runs_no_generated_code_and_imports_no_private_library_name() -> None:
+    """Given every module of the package, when read, then none runs generated source or imports a private
+    name of nats, eventsourcing, psycopg or faststream (their public APIs only)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {what}"
+        for folder in ("domain", "projections", "adapters")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for what, pattern in _FORBIDDEN.items()
+        if pattern.search(line)
+    ]
+
+    assert found == []
