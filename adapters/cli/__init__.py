@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from baton.adapters.cli import audit, demo, handoff, purge, runs, serve, store, submit, views
-from baton.adapters.cli.app import EXIT_CODES, root
+from baton.adapters.cli.app import EXIT_CODES, Failed, root
 
 __all__ = ["EXIT_CODES", "main", "root"]
 
@@ -25,7 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``baton ARGV`` (default: the process's arguments) and return its exit code."""
     try:
         code = root.main(list(argv) if argv is not None else None, prog_name="baton", standalone_mode=False)
-    except click.ClickException as exc:  # a usage error (2) or a command that could not run
+    except Failed as exc:  # a command that could not run
+        exc.show()
+        return exc.code
+    except click.ClickException as exc:  # a usage error (2)
         exc.show()
         return exc.exit_code
     except click.Abort:  # Ctrl-C or end of input at a prompt

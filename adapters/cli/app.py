@@ -32,9 +32,11 @@ EXIT_CODES: dict[type[BaseException], int] = {
 class Failed(click.ClickException):
     """The command could not do its job: ``baton: MESSAGE`` on stderr, exit 2 unless told otherwise."""
 
-    def __init__(self, message: str, exit_code: int = 2) -> None:
+    exit_code = 2
+
+    def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.code = code  # click declares ``exit_code`` per class; this one is per failure
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"baton: {self.format_message()}", err=True, file=file)
