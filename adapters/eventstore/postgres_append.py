@@ -1,7 +1,7 @@
 """The statements a fenced PostgreSQL append runs before its events, and how its failures are named.
 
 Shared by the sync recorder (whose ``_insert_events`` runs them inside the library's append
-transaction, before the library's table lock and insert) and the asyncio appends. In order: the
+transaction, before the library's insert) and the asyncio appends. In order: the
 run rows' fence (``baton_fence``: row locks, compare-and-set, SQLSTATE ``23F01`` on a miss), the
 submission rows, then any riders (data-modifying clauses a caller adds to the same transaction).
 """
@@ -116,7 +116,7 @@ def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[Sto
 
 def append_call(schema: str) -> QueryNoTemplate:
     """The one statement of an append without riders (``baton_append_events``: fence, submission rows,
-    table lock, notification, events; notification ids back)."""
+    notification, events; notification ids back)."""
     return SQL("SELECT {0}.baton_append_events(%s::json, %s::json, %s, %s, %s, %s, %s)").format(Identifier(schema))
 
 
@@ -156,6 +156,6 @@ def translate(exc: IntegrityError) -> IntegrityError:
         return FenceViolation(run_id, row["head"], row["epoch"], row["holder"])
     if diag.constraint_name == "baton_submissions_pkey":
         detail = diag.message_detail or ""
-        submission_id = detail.split("=(", 1)[-1].split(")", 1)[0]
+        submission_id = detail.split("=(", 1)[-1].rsplit(") already exists", 1)[0]
         return DuplicateSubmission(submission_id)
     return AppendConflict(str(cause))

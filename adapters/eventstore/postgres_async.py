@@ -1,8 +1,8 @@
 """Fenced appends from an event loop: the PostgreSQL recorder's append statements on asyncio connections.
 
 The library has no asyncio API, so these connections run the statements the sync recorder's
-append runs (``FencedPostgresRecorder.append_statements``: the fence, the submission rows, the
-library's table lock, ``NOTIFY`` and insert), in the same order, in one transaction: a stale
+append runs (``FencedPostgresRecorder.append_statements``: the append lock, the fence, the
+submission rows, ``NOTIFY`` and insert), in the same order, in one transaction: a stale
 writer is refused atomically, whichever path it takes.
 
 A connection belongs to the event loop that opened it. A few are kept; when all are busy

@@ -1,19 +1,20 @@
-"""The PostgreSQL recorder: the library's append, with the fence in the same transaction.
+"""The PostgreSQL recorder: eventsourcing's recorder, with the fence in the same statement as the insert.
 
 eventsourcing's ``PostgresApplicationRecorder.insert_events`` opens one transaction, runs
-``_insert_events`` and then its own ``LOCK TABLE ... IN EXCLUSIVE MODE``, ``NOTIFY`` and insert,
-so notification ids commit in id order and a tailing reader never skips one. This recorder
-fences the run rows first (``baton_fence`` locks them ``FOR UPDATE``, in run id order, before the
-table lock), then inserts the submission rows: a stale writer is refused with SQLSTATE ``23F01``
-(class 23, an ``IntegrityError`` the library does not retry) and nothing of its append is stored.
+``_insert_events`` and then its own table lock, ``NOTIFY`` and insert. This recorder keeps that
+order with one change: every append first takes the append lock (``postgres_schema.APPEND_LOCK``),
+held until it commits, in place of the table lock, so notification ids commit in id order and a
+tailing reader never skips one. Then the run rows are fenced (``baton_fence`` locks them ``FOR
+UPDATE``, in run id order) and the submission rows inserted: a stale writer is refused with SQLSTATE
+``23F01`` (class 23, an ``IntegrityError`` the library does not retry) and nothing of its append is
+stored.
 
 An append is one statement: one round trip instead of the library pipeline's several, as the
-library's own ``enable_db_functions`` path is (which, unlike these, skips the table lock and
-``_insert_events``). The usual append (one submission's events on a run that exists) is a plain
-SQL statement whose compare-and-set feeds its inserts; any other calls ``baton_append_events``,
-which runs the steps above in that order inside the server. Every append first takes the append
-lock (``postgres_schema.APPEND_LOCK``), held until it commits, so notification ids commit in id
-order. An append with riders (side-table clauses) takes the library's transaction.
+library's own ``enable_db_functions`` path is (which, unlike these, skips ``_insert_events``). The
+usual append (one submission's events on a run that exists) is a plain SQL statement whose
+compare-and-set feeds its inserts; any other calls ``baton_append_events``, which runs the steps
+above in that order inside the server. An append with riders (side-table clauses) takes the
+library's transaction, with the same statements.
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
 from baton.adapters.eventstore import postgres_schema
-from baton.adapters.eventstore.fenced import Riders, RunRow, SubmissionRow, fence_missed
+from baton.adapters.eventstore.fenced import (
+    AppendConflict,
+    DuplicateSubmission,
+    FenceViolation,
+    Riders,
+    RunRow,
+    SubmissionRow,
+    fence_missed,
+)
 from baton.adapters.eventstore.ports import AsyncAppender
 from baton.adapters.eventstore.postgres_append import (
     Statement,
@@ -61,6 +70,9 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.sql_create_statements = []  # the schema is the migrations' (``postgres_schema``)
         self._riders = _Riders()
         self.notify_statement = SQL("NOTIFY {0}").format(Identifier(self.channel_name))
+        # the append lock (``postgres_schema.APPEND_LOCK``) orders notification ids instead of the
+        # library's table lock: taking both would deadlock the one-statement append with the others
+        self.lock_table_statements = []
         self.append_call = append_call(self.datastore.schema)
         self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
 
@@ -101,6 +113,8 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 curs.execute(self.append_call, params, prepare=True)
                 return [row["baton_append_events"] for row in curs.fetchall()]
+        except (FenceViolation, AppendConflict, DuplicateSubmission):
+            raise  # already named: the one-statement append's fence miss
         except IntegrityError as exc:
             raise translate(exc) from exc
 

@@ -4,10 +4,10 @@ Migrations run in one transaction under an advisory lock, so concurrent ``store 
 turns instead of racing on the catalogue (``tuple concurrently updated``); DDL is transactional,
 so a failed migration leaves the store as it was.
 
-Version 2 moves the store onto the library's append: notification ids come from a sequence and
-commit in id order under the library's ``LOCK TABLE ... IN EXCLUSIVE MODE`` (version 1 stamped them
-from the transaction id, read below a snapshot bound), and the run rows are fenced by
-``baton_fence``, which takes their row locks before that table lock.
+Version 2 moves the store onto the library's recorder: notification ids come from a sequence and
+commit in id order under the append lock (``APPEND_LOCK``; version 1 stamped them from the
+transaction id, read below a snapshot bound), and the run rows are fenced by ``baton_fence``,
+which takes their row locks after that lock.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ FENCE_COLUMNS = {  # ``Fence``'s fields, in order, as ``json_to_recordset`` read
 }
 _SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('baton schema'))"
 # Every append takes this lock before its events get their notification ids and holds it until it
-# commits, so ids commit in id order and a tailing reader never skips one (the role the library's
-# table lock plays for its own appends, which this lock precedes).
+# commits, so ids commit in id order and a tailing reader never skips one: the role the library's
+# table lock plays, which Baton's appends do not take (a statement holds its tables' row-exclusive
+# locks before it runs, so a table lock taken after this one would invert the order and deadlock).
 APPEND_LOCK = "pg_advisory_xact_lock(7290150301)"
 
 # Row locks in one global order (run id, byte order as Python's ``sorted``), so two appends cannot
@@ -80,8 +81,9 @@ $fence$
     "<sqlstate>", FENCE_SQLSTATE
 )
 
-# One append in one statement: fence, submission rows, then the library's table lock, notification
-# and insert, in that order (the order ``PostgresApplicationRecorder.insert_events`` runs them in).
+# One append in one statement: the append lock, fence, submission rows, notification and insert, in
+# the order ``PostgresApplicationRecorder.insert_events`` runs them (the append lock in place of the
+# library's table lock).
 _APPEND_FUNCTION = """
 CREATE OR REPLACE FUNCTION {schema}.baton_append_events(p_fences json, p_submissions json, p_ids text[],
     p_versions bigint[], p_topics text[], p_states bytea[], p_channel text) RETURNS SETOF bigint
@@ -94,7 +96,6 @@ BEGIN
     INSERT INTO {schema}.baton_submissions (submission_id, run_id, content_digest, position)
         SELECT * FROM json_to_recordset(p_submissions)
         AS x(submission_id text, run_id text, content_digest text, "position" bigint);
-    LOCK TABLE {schema}.{table} IN EXCLUSIVE MODE;
     PERFORM pg_notify(p_channel, '');
     RETURN QUERY INSERT INTO {schema}.{table} AS t (originator_id, originator_version, topic, state)
         SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states) RETURNING t.notification_id;
@@ -193,7 +194,7 @@ def migrations(schema: str, events_table: str) -> tuple[Migration, ...]:
         ),
         Migration(
             2,
-            "notification ids from a sequence under the library's table lock; baton_fence, baton_append_events",
+            "notification ids from a sequence under the append lock; baton_fence, baton_append_events",
             sql(
                 "CREATE SEQUENCE IF NOT EXISTS {sequence_name} AS bigint OWNED BY {schema}.{table}.notification_id",
                 "SELECT setval({sequence}, "

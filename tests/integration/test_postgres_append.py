@@ -16,6 +16,7 @@ from baton.adapters.bootstrap import open_ledger
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.fenced import AppendConflict, FenceViolation, RunRow, SubmissionRow
+from baton.adapters.eventstore.postgres_append import append_call, append_params
 from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
 from baton.adapters.eventstore.postgres_schema import APPEND_LOCK
 from baton.domain.fencing import Fence
@@ -90,6 +91,40 @@ def test_an_append_takes_the_append_lock_before_any_run_row(
             holder.rollback()
             appending.join(timeout=30)
     assert store.event_count("run-new" if opens_a_run else "run-0") == (1 if opens_a_run else 3)
+
+
+def test_an_append_holding_the_append_lock_goes_on_while_another_waits_for_it(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a one-statement append waiting for the append lock (holding its tables' row-exclusive locks,
+    as any statement does before it runs), when the holder of the lock appends events of its own, then it
+    is not blocked by the waiter: no append takes a table lock after the append lock, so none deadlocks."""
+    ledger = ledgers()
+    row = recorder(ledger).select_run(leased_runs(ledger)["run-0"].run_id)
+    assert row is not None
+    events, rows = one_event(row, "s-1")
+    waiting = threading.Thread(
+        target=recorder(ledger).insert_events, args=(events,), kwargs={"fences": [advancing(row)], "submissions": rows}
+    )
+    opened = append_params(
+        [opening("run-held", "A")], [SubmissionRow("s-held", "run-held", "c", 1)],
+        [StoredEvent("run-held", 1, "domain.events:X", b"{}")], recorder(ledger).channel_name,
+    )  # fmt: skip
+    with psycopg.connect(store.url) as holder:
+        holder.execute(f"SELECT {APPEND_LOCK}")
+        waiting.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not _waits_for_advisory_lock(store) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _waits_for_advisory_lock(store)
+            holder.execute("SET LOCAL lock_timeout = '500ms'")  # under deadlock_timeout: a wait fails here
+            holder.execute(append_call("public"), opened)  # the function path, under the held lock
+            holder.commit()
+        finally:
+            holder.rollback()
+            waiting.join(timeout=30)
+    assert (store.event_count("run-held"), store.event_count("run-0")) == (1, 3)
 
 
 def _waits_for_advisory_lock(store: RawStore) -> bool:
