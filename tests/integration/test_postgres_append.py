@@ -81,10 +81,7 @@ def test_an_append_takes_the_append_lock_before_any_run_row(
         holder.execute(f"SELECT {APPEND_LOCK}")
         appending.start()
         try:
-            deadline = time.monotonic() + 10
-            while not _waits_for_advisory_lock(store) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert _waits_for_advisory_lock(store)
+            _until_one_waits_for_the_append_lock(store)
             with psycopg.connect(store.url) as probe:  # the run row is free: NOWAIT would raise otherwise
                 probe.execute("SELECT 1 FROM baton_runs WHERE run_id = 'run-0' FOR UPDATE NOWAIT")
         finally:
@@ -114,10 +111,7 @@ def test_an_append_holding_the_append_lock_goes_on_while_another_waits_for_it(
         holder.execute(f"SELECT {APPEND_LOCK}")
         waiting.start()
         try:
-            deadline = time.monotonic() + 10
-            while not _waits_for_advisory_lock(store) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert _waits_for_advisory_lock(store)
+            _until_one_waits_for_the_append_lock(store)
             holder.execute("SET LOCAL lock_timeout = '500ms'")  # under deadlock_timeout: a wait fails here
             holder.execute(append_call("public"), opened)  # the function path, under the held lock
             holder.commit()
@@ -125,6 +119,13 @@ def test_an_append_holding_the_append_lock_goes_on_while_another_waits_for_it(
             holder.rollback()
             waiting.join(timeout=30)
     assert (store.event_count("run-held"), store.event_count("run-0")) == (1, 3)
+
+
+def _until_one_waits_for_the_append_lock(store: RawStore) -> None:
+    deadline = time.monotonic() + 10
+    while not _waits_for_advisory_lock(store) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _waits_for_advisory_lock(store)
 
 
 def _waits_for_advisory_lock(store: RawStore) -> bool:
