@@ -12,8 +12,9 @@ One embedded PostgreSQL (fsync on) serves every contender, each in its own datab
   recorded in DBOS's system database before the next one).
 
 Rounds alternate the order of the contenders so a burst of load on the shared machine hits each.
-Reported: the median over rounds of the time per step, and each peer's time over Baton's (above 1
-means Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
+Reported: the median over rounds of the time per step and of this process's CPU per step (the
+client's share: the server is another process), and each peer's time over Baton's (above 1 means
+Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
 """
 
 from __future__ import annotations
@@ -142,26 +143,30 @@ def main() -> int:
         for run in contenders.values():
             run(50)  # warm: connections, prepared statements, imports
         times: dict[str, list[float]] = {name: [] for name in contenders}
+        cpu: dict[str, list[float]] = {name: [] for name in contenders}
         names = list(contenders)
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
+                started = time.process_time()  # every thread of this process; the server is another
                 times[name].append(contenders[name](args.steps))
+                cpu[name].append((time.process_time() - started) / args.steps)
                 print(f"round {r} {name}: {times[name][-1] * 1e3:.3f} ms/step", file=sys.stderr)
         for close in closers:
             close()
     info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     medians = {name: statistics.median(samples) for name, samples in times.items()}
+    cpus = {name: statistics.median(samples) * 1e3 for name, samples in cpu.items()}
     print("| | " + " | ".join(f"{k}: {v}" for k, v in info.items()) + " |\n")
     print(f"{args.steps} steps per run, {args.rounds} rounds, median ms per step\n")
-    print("| contender | ms/step | peer / Baton | goal | met |")
-    print("|---|---|---|---|---|")
+    print("| contender | ms/step | client CPU ms/step | peer / Baton | goal | met |")
+    print("|---|---|---|---|---|---|")
     summary: dict[str, dict[str, float | bool | None]] = {"baton": {"ms": medians["baton"] * 1e3}}
-    print(f"| baton | {medians['baton'] * 1e3:.3f} | - | - | - |")
+    print(f"| baton | {medians['baton'] * 1e3:.3f} | {cpus['baton']:.3f} | - | - | - |")
     for name, goal in GOALS.items():
         ratio = medians[name] / medians["baton"]
         summary[name] = {"ms": medians[name] * 1e3, "ratio": ratio, "goal": goal, "met": ratio >= goal}
         met = "yes" if ratio >= goal else "NO"
-        print(f"| {name} | {medians[name] * 1e3:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {met} |")
+        print(f"| {name} | {medians[name] * 1e3:.3f} | {cpus[name]:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {met} |")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "times": times, "summary": summary}, indent=2))
     return 0

@@ -35,6 +35,7 @@ __all__ = [
     "append_call",
     "append_params",
     "before_events",
+    "fences_json",
     "library_error",
     "one_run_append",
     "one_run_params",
@@ -54,12 +55,11 @@ def before_events(
     schema: str, fences: Sequence[Fence], submissions: Sequence[SubmissionRow], riders: Riders | None
 ) -> list[Statement]:
     """The statements to run, in order, in the append's transaction before its events are inserted."""
-    if len({f.run_id for f in fences}) != len(fences):
-        raise ValueError(f"an append takes one fence per run, not {sorted(f.run_id for f in fences)}")
     statements: list[Statement] = [(f"SELECT {APPEND_LOCK}", ())]
-    if fences:
+    fenced = fences_json(fences)
+    if fenced is not None:
         fence = SQL("SELECT {0}.baton_fence(%s::json)").format(Identifier(schema))
-        statements.append((fence, (_json.encode(sorted_fences(fences)).decode(),)))
+        statements.append((fence, (fenced,)))
     if submissions:
         insert = SQL(
             "INSERT INTO {0}.baton_submissions (submission_id, run_id, content_digest, position) "
@@ -114,6 +114,13 @@ def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[Sto
     return params
 
 
+def fences_json(fences: Sequence[Fence]) -> str | None:
+    """``baton_fence``'s argument: the fences in lock order, or None for an append that fences nothing."""
+    if len({f.run_id for f in fences}) != len(fences):
+        raise ValueError(f"an append takes one fence per run, not {sorted(f.run_id for f in fences)}")
+    return _json.encode(sorted_fences(fences)).decode() if fences else None
+
+
 def append_call(schema: str) -> QueryNoTemplate:
     """The one statement of an append without riders (``baton_append_events``: fence, submission rows,
     notification, events; notification ids back)."""
@@ -124,9 +131,7 @@ def append_params(
     fences: Sequence[Fence], submissions: Sequence[SubmissionRow], events: Sequence[StoredEvent], channel: str
 ) -> tuple[Any, ...]:
     """The parameters of ``append_call``: the events as four arrays (their states sent as binary ``bytea``)."""
-    if len({f.run_id for f in fences}) != len(fences):
-        raise ValueError(f"an append takes one fence per run, not {sorted(f.run_id for f in fences)}")
-    fenced = _json.encode(sorted_fences(fences)).decode() if fences else None
+    fenced = fences_json(fences)
     ids = [e.originator_id for e in events]
     versions = [e.originator_version for e in events]
     topics = [e.topic for e in events]
