@@ -1,8 +1,8 @@
 """The wire edge shared by ``baton submit`` and the bus: bytes in, a Submission or a rejection out.
 
 One decoder for every transport, so a line on stdin, a NATS message and a Kafka record are judged
-by the same rules: bounded size, valid JSON, the closed submission schema (unknown keys rejected),
-no credential material (``domain.credentials``).
+by the same rules: bounded size, valid JSON, the closed submission schema (unknown keys rejected).
+What it holds is screened once, by the ledger's ``decide`` (bounds, no credential material).
 Bad input never raises: it becomes a ``rejected`` verdict with a stable reason code.
 """
 
@@ -12,7 +12,6 @@ import msgspec
 
 from baton.domain import errors
 from baton.domain.commands import Submission, Verdict
-from baton.domain.credentials import find_credential
 
 __all__ = [
     "MAX_SUBMISSION_BYTES",
@@ -40,11 +39,7 @@ def decode_submission(raw: bytes) -> Submission | Verdict:
         submission = _submission.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return _malformed(raw, str(exc))
-    found = find_credential(msgspec.to_builtins(submission))
-    if found is not None:  # authority travels by reference: the secret is never stored, nor echoed
-        message = f"the submission carries {found}; pass a capability reference instead"
-        return rejection(submission.submission_id, submission.run_id, errors.CredentialInPayload.reason, message)
-    return submission
+    return submission  # screened (bounds, credentials) by ``decide``, as every submission is
 
 
 def rejection(submission_id: str | None, run_id: str | None, reason: str, message: str) -> Verdict:

@@ -80,8 +80,8 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     screening.check_ids(submission)
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
+    screening.screen(submission)
     command = submission.command
-    screening.screen(command)
     if isinstance(command, _UNFENCED):
         return _unfenced(state, submission, command, now)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:

@@ -1,7 +1,8 @@
 """What every submission is screened for before any rule looks at it: bounded ids, strings and
 lists, no negative blob size, and no credential material (authority travels by reference).
 
-Screening reads the command's builtins, so it judges exactly what would be stored.
+Screening reads the submission's builtins, so it judges exactly what would be stored. It runs in
+``decide``, once per submission; the transports only decode.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def check_ids(submission: Submission) -> None:
         raise errors.Malformed("epoch cannot be negative")
 
 
-def screen(command: Any) -> None:
-    """Bounds first, then credentials, over the command's builtins; raises the first rejection."""
-    plain = msgspec.to_builtins(command)
+def screen(value: Any) -> None:
+    """Bounds first, then credentials, over the builtins of ``value`` (``decide`` passes the whole
+    submission: its ids are screened too); raises the first rejection."""
+    plain = msgspec.to_builtins(value)
     _check_bounds(plain, "command")
     found = find_credential(plain)
     if found:
