@@ -34,7 +34,7 @@ from baton.domain.events import (
     EvidenceRecorded,
     IntentContext,
 )
-from baton.domain.state import Approval, Evidence, Grant, RunState
+from baton.domain.state import Approval, Evidence, Grant, RunState, intended
 
 __all__ = [
     "AuthorityView",
@@ -174,7 +174,7 @@ def gate(state: RunState, worker: str, epoch: int, op_id: str, now: int) -> Gate
         return GateDecision(False, "lease_expired", f"lease epoch {epoch} expired at {lease.expires_at}")
     op = state.operations.get(op_id)
     if op is None:
-        known = state.op_ids is not None and op_id in state.op_ids
+        known = state.op_ids is not None and intended(state, op_id)
         reason = "already_observed" if known else "unknown_operation"
         return GateDecision(False, reason, f"operation {op_id!r} has no open intent: record the intent first")
     if op.epoch != epoch:

@@ -14,7 +14,7 @@ from baton.domain.budgets import Usage
 from baton.domain.canonical import canonical_bytes, digest_of
 from baton.domain.commands import ReconcileIntent, RecordIntent, RecordObservation
 from baton.domain.events import BlobRef, IntentContext, IntentReconciled, IntentRecorded, ObservationRecorded
-from baton.domain.state import OpRecord, RunState
+from baton.domain.state import OpRecord, RunState, intended
 
 __all__ = [
     "CONTEXT_PREFIX",
@@ -43,7 +43,7 @@ def charged(state: RunState, charge: Usage) -> Usage:
 
 
 def intent(state: RunState, command: RecordIntent) -> IntentRecorded:
-    if command.op_id in _intended(state):
+    if intended(state, command.op_id):
         raise errors.DuplicateOperation(f"operation {command.op_id!r} already has an intent")
     if command.kind == "effect":
         older = sorted(op.op_id for op in state.operations.values() if op.epoch < state.epoch)
@@ -131,16 +131,10 @@ def _outcome_charge(state: RunState, result: Any, result_ref: BlobRef | None, re
     return charged(state, Usage(result_bytes=result_bytes, fuel=reported.fuel, cost_micros=reported.cost_micros))
 
 
-def _intended(state: RunState) -> set[str]:
-    if state.op_ids is None:
-        raise TypeError("decide needs a write-side RunState: this one was folded without operation ids")
-    return state.op_ids
-
-
 def _open_operation(state: RunState, op_id: str) -> OpRecord:
     op = state.operations.get(op_id)
     if op is not None:
         return op
-    if op_id in _intended(state):
+    if intended(state, op_id):
         raise errors.AlreadyObserved(f"operation {op_id!r} already has a recorded outcome")
     raise errors.UnknownOperation(f"no intent recorded for operation {op_id!r}")

@@ -47,8 +47,21 @@ _HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
 _AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
 _SETTLING = (ObservationRecorded, IntentReconciled)
 _CLOSING = (RunCompleted, RunFailed)
+_RECENT_OP_IDS = 256  # merged into ``op_ids`` at this many: a copy copies at most these
 
-__all__ = ["Approval", "Evidence", "Grant", "Lease", "OpRecord", "RunState", "apply", "evolve", "fold"]
+__all__ = [
+    "Approval",
+    "Evidence",
+    "Grant",
+    "Lease",
+    "OpRecord",
+    "RunState",
+    "apply",
+    "evolve",
+    "fold",
+    "intended",
+    "intended_ops",
+]
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -107,9 +120,12 @@ class RunState(msgspec.Struct):
     # open operations only: a settled one leaves this map, so the state stays small however long
     # the run; what settled operations recorded is read back from the log when a resume replays it
     operations: dict[str, OpRecord] = {}
-    # every op id ever intended, for the duplicate/unknown/already-settled rules of ``decide``;
-    # ``None`` in folds that never decide (resume, views), whose size must not grow with the run
-    op_ids: set[str] | None = set()
+    # every op id ever intended (``intended``), for the duplicate/unknown/already-settled rules of
+    # ``decide``: the immutable ``op_ids``, shared by every copy of the state, and the few added since
+    # they were last merged into it, so copying a state for a decision does not grow with the run.
+    # ``op_ids`` is ``None`` in folds that never decide (resume, views), which keep no op ids at all.
+    op_ids: frozenset[str] | None = frozenset()
+    recent_op_ids: set[str] = set()
     last_checkpoint_id: str | None = None
     sealed_position: int = 0  # the last checkpoint (or accepted handoff): a boundary a move starts from
     work_position: int = 0  # the last event that did work (intent, outcome, transition, reservation)
@@ -197,11 +213,30 @@ def _work(
             body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position, body.context.authorization
         )
         if state.op_ids is not None:
-            state.op_ids.add(body.op_id)
+            _add_op_id(state, body.op_id)
     elif isinstance(body, _SETTLING):
         state.operations.pop(body.op_id, None)
     elif isinstance(body, TransitionRecorded):
         state.stage = body.to_stage
+
+
+def intended(state: RunState, op_id: str) -> bool:
+    """Whether ``op_id`` ever had an intent recorded in this (write-side) state."""
+    if state.op_ids is None:
+        raise TypeError("a write-side RunState is needed: this one was folded without operation ids")
+    return op_id in state.recent_op_ids or op_id in state.op_ids
+
+
+def intended_ops(state: RunState) -> frozenset[str]:
+    """Every op id ever intended (empty for a fold that keeps none)."""
+    return (state.op_ids or frozenset()) | state.recent_op_ids
+
+
+def _add_op_id(state: RunState, op_id: str) -> None:
+    state.recent_op_ids.add(op_id)
+    if len(state.recent_op_ids) >= _RECENT_OP_IDS:
+        state.op_ids = (state.op_ids or frozenset()) | state.recent_op_ids  # a new frozenset: copies share the old
+        state.recent_op_ids = set()
 
 
 def _handoff(state: RunState, body: HandoffPrepared | HandoffAborted | HandoffAccepted, position: int) -> None:

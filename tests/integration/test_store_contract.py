@@ -29,6 +29,7 @@ from baton.domain.decide import context_digest
 from baton.domain.errors import StoreUnavailable
 from baton.domain.events import ObservationRecorded
 from baton.domain.stages import Stage
+from baton.domain.state import intended_ops
 
 RUN = "run-1"
 STATE_DIGEST = "sha256:" + "cd" * 32
@@ -82,7 +83,7 @@ def test_round_trip_is_contiguous_and_verifies(ledgers: LedgerFactory, store: Ra
     assert (report.events, report.head_digest) == (5, history[-1].digest)
     state = ledgers().state(RUN)
     assert (state.version, state.epoch, state.holder, state.stage) == (5, 1, "A", Stage.CANDIDATE_READY)
-    assert (state.operations, state.op_ids) == ({}, {"op-1"})
+    assert (state.operations, intended_ops(state)) == ({}, {"op-1"})
     [row] = ledger.runs()
     assert (row.run_id, row.head, row.epoch, row.holder, row.stage) == (RUN, 5, 1, "A", "CANDIDATE_READY")
     assert store.event_count(RUN) == 5

@@ -54,7 +54,7 @@ from baton.domain.events import (
     TransitionRecorded,
 )
 from baton.domain.stages import Stage
-from baton.domain.state import RunState
+from baton.domain.state import RunState, intended_ops
 
 from .given import (
     RUN,
@@ -504,7 +504,7 @@ def test_recorded_intent_is_uncertain_until_observed() -> None:
     history = given().opened().leased(W1).intended("op-1")
 
     assert history.state.operations["op-1"].epoch == 1
-    assert history.state.op_ids == {"op-1"}
+    assert intended_ops(history.state) == {"op-1"}
 
 
 def test_intent_whose_op_id_holds_a_nul_is_malformed() -> None:
@@ -628,7 +628,7 @@ def test_ok_observation_records_outcome_and_charges_result_fuel_and_cost() -> No
     ]
     history.record(command)
     assert history.state.operations == {}
-    assert history.state.op_ids == {"op-1"}
+    assert intended_ops(history.state) == {"op-1"}
 
 
 def test_failed_observation_with_a_reason_settles_the_intent_as_failed() -> None:
@@ -769,7 +769,7 @@ def test_reconcile_after_takeover_records_the_resolution_and_settles_the_intent(
     assert events == [IntentReconciled("op-1", "applied", "host log #7", expected_charge, {"id": 3}, None)]
     history.record(command, worker=W2)
     assert history.state.operations == {}
-    assert history.state.op_ids == {"op-1"}
+    assert intended_ops(history.state) == {"op-1"}
 
 
 def test_reconcile_of_an_op_without_intent_is_unknown_operation() -> None:
@@ -990,3 +990,18 @@ def test_reserve_stage_by_a_stale_epoch_is_refused() -> None:
 
     assert rejection.reason == "stale_epoch"
     assert getattr(rejection, "current_epoch", None) == 2
+
+
+def test_op_ids_rules_hold_however_many_intents_the_run_has_had() -> None:
+    """Given 300 settled intents (past the point where recent op ids are merged), when old and new ids
+    come back, then each is refused for what it is and a fresh id is accepted."""
+    history = given().opened().leased(W1)
+    for n in range(300):
+        history.intended(f"op-{n}").observed(f"op-{n}")
+
+    assert history.rejects(intent("op-0")).reason == "duplicate_operation"
+    assert history.rejects(intent("op-299")).reason == "duplicate_operation"
+    assert history.rejects(observation("op-7")).reason == "already_observed"
+    assert history.rejects(observation("op-300")).reason == "unknown_operation"
+    assert len(intended_ops(history.state)) == 300
+    history.intended("op-300")

@@ -54,7 +54,7 @@ from baton.domain.commands import (
 from baton.domain.decide import MAX_INLINE_BYTES, context_digest, decide, envelope_epoch
 from baton.domain.events import BlobRef, FailureReason, IntentContext, LeaseGranted, RecordedEvent
 from baton.domain.stages import Stage, is_legal
-from baton.domain.state import RunState, evolve, fold
+from baton.domain.state import RunState, evolve, fold, intended_ops
 
 from .given import RUN, T0, TASK, W1, W2, W3, altered, placement
 
@@ -256,16 +256,16 @@ class RunProtocol(RuleBasedStateMachine):
         uncertain = sorted(self.state.operations)
         moves = ["intent", "intent", "transition", "transition", "seal", "renew"]
         moves += ["observe", "observe", "observe", "reconcile"] if uncertain else []
-        moves += ["observe_any"] if self.state.op_ids else []  # settled or older ones must be refused
+        moves += ["observe_any"] if intended_ops(self.state) else []  # settled or older ones must be refused
         move = data.draw(st.sampled_from(moves), label="move")
         command: Command
         if move == "intent":
-            op_id = f"op-p{len(self.state.op_ids or ())}"
+            op_id = f"op-p{len(intended_ops(self.state))}"
             kind = data.draw(st.sampled_from(KINDS), label="kind")
             arguments = ARGUMENTS[data.draw(st.integers(0, 2), label="arguments")]
             command = RecordIntent(op_id, kind, "shell@1", _context(op_id, arguments), f"idem-{op_id}")
         elif move in {"observe", "observe_any"}:
-            pool = uncertain if move == "observe" else sorted(self.state.op_ids or ())
+            pool = uncertain if move == "observe" else sorted(intended_ops(self.state))
             op_id = data.draw(st.sampled_from(pool), label="op")
             outcome, reason = data.draw(st.sampled_from(PLAUSIBLE_OUTCOMES), label="outcome")
             fuel = weighted((9, st.integers(0, 30)), (1, st.just(MAX_COUNTER)))  # probes counter_overflow

@@ -38,7 +38,7 @@ from baton.domain.commands import (
 )
 from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, RecordedEvent
 from baton.domain.stages import Stage, is_legal
-from baton.domain.state import RunState
+from baton.domain.state import RunState, intended_ops
 
 from ..domain.given import W1, W2, W3, given, seconds
 
@@ -92,7 +92,7 @@ def _placement(worker: str) -> Placement:
 
 
 def _intent(draw: st.DrawFn, state: RunState) -> RecordIntent:
-    op_id = f"op-{len(state.op_ids or ()) + _pick(draw, (0, 1))}"  # ids skip now and then, so some collide: refused
+    op_id = f"op-{len(intended_ops(state)) + _pick(draw, (0, 1))}"  # ids skip now and then, so some collide: refused
     context = IntentContext(1, op_id, effect="write", arguments=_pick(draw, ARGUMENTS))
     return RecordIntent(op_id, _pick(draw, KINDS), _pick(draw, CONTRACTS), context, f"idem-{op_id}")
 
