@@ -11,10 +11,12 @@ One embedded PostgreSQL (fsync on) serves every contender, each in its own datab
 - **dbos**: a DBOS workflow calling the tool as a ``@DBOS.step`` N times (each step's output is
   recorded in DBOS's system database before the next one).
 
+Each timed run is a fresh process running one contender alone (after 50 warm-up steps), so no
+contender's background threads (DBOS polls its system database) run while another is timed.
 Rounds alternate the order of the contenders so a burst of load on the shared machine hits each.
-Reported: the median over rounds of the time per step and of this process's CPU per step (the
-client's share: the server is another process), and each peer's time over Baton's (above 1 means
-Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
+Reported: the median over rounds of the time per step and of the contender process's CPU per step
+(the client's share: the server is another process), and each peer's time over Baton's (above 1
+means Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -126,33 +129,56 @@ def dbos_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int
     return run
 
 
+CONTENDERS: dict[str, Callable[[str, list[Callable[[], None]]], Callable[[int], float]]] = {
+    "baton": baton_contender,
+    "langgraph": langgraph_contender,
+    "dbos": dbos_contender,
+}
+
+
+def timed_alone(name: str, url: str, steps: int) -> dict[str, float]:
+    """In a child process: warm ``name`` up, then time ``steps`` steps of it (wall and CPU per step)."""
+    closers: list[Callable[[], None]] = []
+    run = CONTENDERS[name](url, closers)
+    run(50)  # warm: connections, prepared statements, imports
+    started = time.process_time()  # every thread of this process; the server is another
+    seconds = run(steps)
+    cpu = (time.process_time() - started) / steps
+    for close in closers:
+        close()
+    return {"seconds": seconds, "cpu": cpu}
+
+
+def in_child(name: str, url: str, steps: int) -> dict[str, float]:
+    command = [sys.executable, __file__, "--child", name, "--url", url, "--steps", str(steps)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--steps", type=int, default=500, help="steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs per contender")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(timed_alone(args.child, args.url, args.steps)))
+        return 0
     info = machine_info()
-    closers: list[Callable[[], None]] = []
     with LocalPostgres() as server:
-        contenders = {
-            "baton": baton_contender(server.create_database("bench_step_baton"), closers),
-            "langgraph": langgraph_contender(server.create_database("bench_step_langgraph"), closers),
-            "dbos": dbos_contender(server.create_database("bench_step_dbos"), closers),
-        }
-        for run in contenders.values():
-            run(50)  # warm: connections, prepared statements, imports
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        cpu: dict[str, list[float]] = {name: [] for name in contenders}
-        names = list(contenders)
+        urls = {name: server.create_database(f"bench_step_{name}") for name in CONTENDERS}
+        times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        names = list(CONTENDERS)
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                started = time.process_time()  # every thread of this process; the server is another
-                times[name].append(contenders[name](args.steps))
-                cpu[name].append((time.process_time() - started) / args.steps)
+                result = in_child(name, urls[name], args.steps)
+                times[name].append(result["seconds"])
+                cpu[name].append(result["cpu"])
                 print(f"round {r} {name}: {times[name][-1] * 1e3:.3f} ms/step", file=sys.stderr)
-        for close in closers:
-            close()
     info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     cpus = {name: statistics.median(samples) * 1e3 for name, samples in cpu.items()}
