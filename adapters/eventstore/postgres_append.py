@@ -31,11 +31,11 @@ from baton.adapters.eventstore.postgres_schema import APPEND_LOCK, FENCE_COLUMNS
 from baton.domain.fencing import Fence
 
 __all__ = [
-    "ONE_RUN_MAX_EVENTS",
     "Statement",
     "append_call",
     "append_params",
     "before_events",
+    "events_json",
     "fences_json",
     "library_error",
     "one_run_append",
@@ -74,19 +74,29 @@ def before_events(
     return statements
 
 
-ONE_RUN_MAX_EVENTS = 8  # more events than this take ``append_call``: a statement per count stays few
+class _EventRow(msgspec.Struct, frozen=True):
+    """An event as the append statements read it from JSON (``json_to_recordset``); its state, any
+    bytes, travels as base64 and is decoded by the server."""
+
+    originator_id: str
+    originator_version: int
+    topic: str
+    state: bytes
 
 
-def one_run_append(schema: str, events_table: str, count: int) -> str:
-    """The usual append (one submission's ``count`` events on a run that exists, no riders) as one plain
-    statement, rendered once per count.
+def events_json(events: Sequence[StoredEvent]) -> str:
+    """The events of an append as one JSON parameter: one string for psycopg to send, however many."""
+    rows = [_EventRow(str(e.originator_id), e.originator_version, e.topic, e.state) for e in events]
+    return _json.encode(rows).decode()
+
+
+def one_run_append(schema: str, events_table: str) -> str:
+    """The usual append (one submission's events on a run that exists, no riders) as one plain statement.
 
     The compare-and-set of the run row feeds the submission row and the events: when it misses, no
     row comes back and nothing is written. The append lock is taken before the run row is, as in
-    every other append, so two appends cannot wait on each other in opposite orders. The events are
-    a ``VALUES`` list of scalar parameters: psycopg adapts scalars far more cheaply than arrays.
+    every other append, so two appends cannot wait on each other in opposite orders.
     """
-    rows = ", ".join(f"(%(version{i})s::bigint, %(topic{i})s::text, %(state{i})s::bytea)" for i in range(count))
     statement = SQL(
         "WITH baton_lock AS (SELECT " + APPEND_LOCK + "), "
         "baton_fenced AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
@@ -97,28 +107,26 @@ def one_run_append(schema: str, events_table: str, count: int) -> str:
         "baton_submitted AS (INSERT INTO {schema}.baton_submissions (submission_id, run_id, content_digest, position) "
         "SELECT %(submission_id)s, run_id, %(content_digest)s, %(position)s FROM baton_fenced) "
         "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state) "
-        "SELECT baton_fenced.run_id, e.v, e.t, e.s FROM baton_fenced, (VALUES " + rows + ") AS e(v, t, s) "
+        "SELECT baton_fenced.run_id, e.originator_version, e.topic, decode(e.state, 'base64') FROM baton_fenced, "
+        "json_to_recordset(%(events)s::json) AS e(originator_version bigint, topic text, state text) "
         "RETURNING notification_id"
     )
     return statement.format(schema=Identifier(schema), table=Identifier(events_table)).as_string(None)
 
 
 def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[StoredEvent]) -> dict[str, Any] | None:
-    """The parameters of ``one_run_append`` for ``len(events)``, or None when the append is not one it can write."""
+    """The parameters of ``one_run_append``, or None when the append is not one it can write."""
     if fence.expected_head == 0 or submission.run_id != fence.run_id:
         return None  # a new run's row is inserted, not compare-and-set: ``append_call`` does that
-    if not 0 < len(events) <= ONE_RUN_MAX_EVENTS or any(e.originator_id != fence.run_id for e in events):
+    if not events or any(e.originator_id != fence.run_id for e in events):
         return None
     params: dict[str, Any] = msgspec.structs.asdict(fence)
     params.update(
         submission_id=submission.submission_id,
         content_digest=submission.content_digest,
         position=submission.position,
+        events=events_json(events),
     )
-    for i, event in enumerate(events):
-        params[f"version{i}"] = event.originator_version
-        params[f"topic{i}"] = event.topic
-        params[f"state{i}"] = event.state
     return params
 
 
@@ -132,19 +140,14 @@ def fences_json(fences: Sequence[Fence]) -> str | None:
 def append_call(schema: str) -> QueryNoTemplate:
     """The one statement of an append without riders (``baton_append_events``: fence, submission rows,
     notification, events; notification ids back)."""
-    return SQL("SELECT {0}.baton_append_events(%s::json, %s::json, %s, %s, %s, %s, %s)").format(Identifier(schema))
+    return SQL("SELECT {0}.baton_append_events(%s::json, %s::json, %s::json, %s)").format(Identifier(schema))
 
 
 def append_params(
     fences: Sequence[Fence], submissions: Sequence[SubmissionRow], events: Sequence[StoredEvent], channel: str
 ) -> tuple[Any, ...]:
-    """The parameters of ``append_call``: the events as four arrays (their states sent as binary ``bytea``)."""
-    fenced = fences_json(fences)
-    ids = [e.originator_id for e in events]
-    versions = [e.originator_version for e in events]
-    topics = [e.topic for e in events]
-    states = [e.state for e in events]
-    return fenced, _json.encode(submissions).decode(), ids, versions, topics, states, channel
+    """The parameters of ``append_call``: fences, submission rows and events as JSON, and the channel."""
+    return fences_json(fences), _json.encode(submissions).decode(), events_json(events), channel
 
 
 def library_error(exc: psycopg.Error) -> PersistenceError:

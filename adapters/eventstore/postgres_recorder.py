@@ -44,7 +44,6 @@ from baton.adapters.eventstore.fenced import (
 )
 from baton.adapters.eventstore.ports import AsyncAppender
 from baton.adapters.eventstore.postgres_append import (
-    ONE_RUN_MAX_EVENTS,
     Statement,
     append_call,
     append_params,
@@ -75,10 +74,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         # library's table lock: taking both would deadlock the one-statement append with the others
         self.lock_table_statements = []
         self.append_call = append_call(self.datastore.schema)
-        self.one_run_appends = {
-            count: one_run_append(self.datastore.schema, self.events_table_name, count)
-            for count in range(1, ONE_RUN_MAX_EVENTS + 1)
-        }
+        self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
 
     def create_table(self) -> None:
         """What the library calls under ``CREATE_TABLE=y``: apply the migrations."""
@@ -112,7 +108,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 else None
             )
             if one is not None:
-                return self._append_one_run(one, len(stored_events))
+                return self._append_one_run(one)
             params = append_params(fences, submissions, stored_events, self.channel_name)
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 curs.execute(self.append_call, params, prepare=True)
@@ -122,10 +118,10 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         except IntegrityError as exc:
             raise translate(exc) from exc
 
-    def _append_one_run(self, params: dict[str, Any], count: int) -> list[int]:
+    def _append_one_run(self, params: dict[str, Any]) -> list[int]:
         """The usual append in one plain statement; no row back means the fence missed."""
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self.one_run_appends[count], params, prepare=True)
+            curs.execute(self.one_run_append, params, prepare=True)
             ids = [row["notification_id"] for row in curs.fetchall()]
         if not ids:
             row = self.select_run(params["run_id"])

@@ -120,19 +120,20 @@ def _sqlite_schema(path: Path) -> set[tuple[str, str]]:
 def test_an_old_postgres_store_is_refused_until_init_upgrades_it(store_url: str) -> None:
     """Given a PostgreSQL store in the schema of c914c1b (no version table, notification ids stamped from
     transaction ids, its own baton_append) holding the fixture's runs, when a ledger opens it, then it is
-    told to run init; after init, versions 0-2 are recorded, the old append function is gone, the old
+    told to run init; after init, versions 0-3 are recorded, the old append functions are gone, the old
     events keep their ids, and new events get larger ones, in order."""
     store = RawStore(store_url, "postgres")
     _old_postgres_store(store)
     old_ids = [row[0] for row in store.query("SELECT notification_id FROM batonledger_events ORDER BY 1")]
 
-    with pytest.raises(SchemaNotReady, match="version 1, this Baton needs 2"):
+    with pytest.raises(SchemaNotReady, match="version 1, this Baton needs 3"):
         open_ledger(store_url)
     init_store(store_url)
 
     assert versions(store) == expected_versions(store)
     assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_append'") == [(0,)]
     assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_fence'") == [(1,)]
+    assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_append_events'") == [(1,)]
     _old_runs_verify_and_a_new_run_appends(store_url)
     ids = [row[0] for row in store.query("SELECT notification_id FROM batonledger_events ORDER BY 1")]
     assert ids[: len(old_ids)] == old_ids and min(ids[len(old_ids) :]) > max(old_ids)

@@ -24,4 +24,3 @@ def test_a_working_copy_changes_nothing_of_the_cached_state_and_shares_the_settl
     assert "op-300" in intended_ops(copy)
     assert copy.op_ids is cached.op_ids  # immutable, so shared: a copy costs the recent ids only
     assert len(cached.recent_op_ids) < 256
-
