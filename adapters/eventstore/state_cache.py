@@ -24,18 +24,21 @@ CACHE_SIZE = 1024
 _STRIPES = 64
 
 
+# RunState's mutable fields: those whose default is a container (``op_ids`` is a frozenset: shared)
+_CONTAINERS = tuple(
+    field.name
+    for field in msgspec.structs.fields(RunState)
+    if isinstance(field.default, dict | set | list) or field.default_factory in (dict, set, list)
+)
+
+
 def working_copy(state: RunState) -> RunState:
     """A copy of ``state`` that can be changed without touching ``state``.
 
-    Every container field (operations, op ids, grants, ...) is copied one level deep; what they hold
-    (strings and frozen structs) is immutable and shared.
+    Every container field (operations, recent op ids, grants, ...) is copied one level deep; what
+    they hold (strings and frozen structs) is immutable and shared.
     """
-    containers = {
-        name: copy.copy(value)
-        for name in state.__struct_fields__
-        if isinstance(value := getattr(state, name), dict | set | list)
-    }
-    return msgspec.structs.replace(state, **containers)
+    return msgspec.structs.replace(state, **{name: copy.copy(getattr(state, name)) for name in _CONTAINERS})
 
 
 class StateCache:

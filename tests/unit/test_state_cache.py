@@ -24,3 +24,13 @@ def test_a_working_copy_changes_nothing_of_the_cached_state_and_shares_the_settl
     assert "op-300" in intended_ops(copy)
     assert copy.op_ids is cached.op_ids  # immutable, so shared: a copy costs the recent ids only
     assert len(cached.recent_op_ids) < 256
+
+
+def test_every_mutable_field_of_a_state_is_copied_not_shared() -> None:
+    state = given().opened().leased(W1).intended("op-1").state
+    copy = working_copy(state)
+
+    for name in state.__struct_fields__:
+        value = getattr(state, name)
+        if isinstance(value, dict | set | list):
+            assert getattr(copy, name) == value and getattr(copy, name) is not value, name
