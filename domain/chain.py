@@ -20,6 +20,7 @@ from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, sche
 from baton.domain.commands import Submission
 from baton.domain.errors import ChainBroken
 from baton.domain.events import Event, RecordedEvent
+from baton.domain.identity import signed_digest
 
 __all__ = [
     "EVENT_PREFIX",
@@ -82,14 +83,16 @@ def seal_stored(
 ) -> list[tuple[RecordedEvent, bytes]]:
     """``seal``, with each envelope's stored form: its canonical bytes, encoded once, give both its
     digest and the bytes the store keeps."""
-    worker, submission_id = submission.worker, submission.submission_id
+    worker, submission_id, signature = submission.worker, submission.submission_id, submission.signature
+    signed = signed_digest(submission) if signature else ""
     sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        canonical = envelope_bytes(RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body))
+        unsealed = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, "", signed, signature)
+        canonical = envelope_bytes(unsealed)
         digest = digest_of(EVENT_PREFIX, canonical)
-        event = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, digest)
+        event = msgspec.structs.replace(unsealed, digest=digest)
         sealed.append((event, stored_form(canonical, digest)))
         prev = digest
     return sealed

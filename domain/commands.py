@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 from baton.domain.budgets import Ceilings, Usage
-from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement
+from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, Role
 from baton.domain.stages import Stage
 
 __all__ = [
@@ -40,6 +40,11 @@ __all__ = [
     "SealCheckpoint",
     "Submission",
     "Verdict",
+    # the principal registry (domain/identity.py)
+    "AddPrincipal",
+    "ChangeRoles",
+    "OpenRegistry",
+    "RevokePrincipal",
     # LangGraph threads (domain/threads.py)
     "DeleteThread",
     "HideCheckpoints",
@@ -246,6 +251,29 @@ class PurgeThread(_Command, tag="purge_thread", frozen=True):
     blobs_digest: str
 
 
+class OpenRegistry(_Command, tag="open_registry", frozen=True):
+    """Open the store's principal registry, once: with its first operator (the submitter, who signs
+    with ``public_key``), or as a development store that verifies no signatures."""
+
+    signatures_required: bool
+    public_key: str = ""
+
+
+class AddPrincipal(_Command, tag="add_principal", frozen=True):
+    name: str
+    roles: tuple[Role, ...]
+    public_key: str
+
+
+class ChangeRoles(_Command, tag="change_roles", frozen=True):
+    name: str
+    roles: tuple[Role, ...]
+
+
+class RevokePrincipal(_Command, tag="revoke_principal", frozen=True):
+    name: str
+
+
 Command = (
     OpenRun
     | AcquireLease
@@ -274,17 +302,27 @@ Command = (
     | HideCheckpoints
     | PruneThread
     | PurgeThread
+    | OpenRegistry
+    | AddPrincipal
+    | ChangeRoles
+    | RevokePrincipal
 )
 
 
 class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """A command plus who sends it, under which epoch, with an id that makes retries safe."""
+    """A command plus who sends it, under which epoch, with an id that makes retries safe.
+
+    ``worker`` is the submitting principal's name; in a store that verifies identities,
+    ``signed_by`` is its public key and ``signature`` its signature (``domain.identity``).
+    """
 
     submission_id: str
     run_id: str
     worker: str
     command: Command
     epoch: int = 0
+    signed_by: str = ""
+    signature: str = ""
 
 
 class Verdict(msgspec.Struct, frozen=True, omit_defaults=False):

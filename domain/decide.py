@@ -6,7 +6,7 @@ never by a worker's. A rejection raises; nothing about it is ever stored.
 
 from __future__ import annotations
 
-from baton.domain import authority, errors, handoff, operations, screening, threads
+from baton.domain import authority, errors, handoff, identity, operations, screening, threads
 from baton.domain.budgets import Usage
 from baton.domain.commands import (
     AbortHandoff,
@@ -82,6 +82,10 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
     screening.screen(submission)
     command = submission.command
+    if (submission.run_id == identity.REGISTRY_RUN) != isinstance(command, identity.REGISTRY_COMMANDS):
+        raise errors.Malformed(f"registry commands go to {identity.REGISTRY_RUN!r}, and only they do")
+    if isinstance(command, identity.REGISTRY_COMMANDS):
+        return identity.decide_registry(state, submission)
     if isinstance(command, _UNFENCED):
         return _unfenced(state, submission, command, now)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:

@@ -51,6 +51,14 @@ __all__ = [
     "SelfAuthorization",
     "ApprovalMismatch",
     "ReverificationRequired",
+    # identity (domain/identity.py)
+    "SignatureRequired",
+    "BadSignature",
+    "UnknownPrincipal",
+    "PrincipalRevoked",
+    "PrincipalMismatch",
+    "RoleNotAllowed",
+    "SelfApproval",
 ]
 
 
@@ -290,3 +298,45 @@ class ReverificationRequired(Rejection):
     """The verifier evidence does not bind this artifact, workspace snapshot and environment: verify again."""
 
     reason = "reverification_required"
+
+
+class SignatureRequired(Rejection):
+    """The store verifies identities and the submission carries no signature."""
+
+    reason = "signature_required"
+
+
+class BadSignature(Rejection):
+    """The signature does not verify with the key it names over the submission's signed bytes."""
+
+    reason = "bad_signature"
+
+
+class UnknownPrincipal(Rejection):
+    """Neither the submission's principal nor the key it was signed with is in the registry."""
+
+    reason = "unknown_principal"
+
+
+class PrincipalRevoked(Rejection):
+    """The principal was revoked: its earlier events stay valid, nothing new is accepted from it."""
+
+    reason = "principal_revoked"
+
+
+class PrincipalMismatch(Rejection):
+    """The key that signed belongs to another principal than the one the submission names."""
+
+    reason = "principal_mismatch"
+
+
+class RoleNotAllowed(Rejection):
+    """The principal's roles do not allow this command."""
+
+    reason = "role_not_allowed"
+
+
+class SelfApproval(Rejection):
+    """An approval or verifier evidence from the lease holder (or a principal sharing its key)."""
+
+    reason = "self_approval"

@@ -56,7 +56,17 @@ __all__ = [
     "ThreadPruned",
     "ThreadPurged",
     "WritesRecorded",
+    # the principal registry (domain/identity.py)
+    "ROLES",
+    "PrincipalAdded",
+    "PrincipalRevoked",
+    "PrincipalRolesChanged",
+    "RegistryOpened",
+    "Role",
 ]
+
+Role = Literal["worker", "approver", "verifier", "operator", "auditor"]
+ROLES: tuple[Role, ...] = ("worker", "approver", "verifier", "operator", "auditor")
 
 FailureReason = Literal[
     "timeout",
@@ -339,6 +349,29 @@ class ThreadPurged(_Event, tag=True, frozen=True):
     blobs_digest: str
 
 
+class RegistryOpened(_Event, tag=True, frozen=True):
+    """The registry's first event: whether the store verifies signatures, and its first operator."""
+
+    signatures_required: bool
+    operator: str = ""
+    public_key: str = ""
+
+
+class PrincipalAdded(_Event, tag=True, frozen=True):
+    name: str
+    roles: tuple[Role, ...]
+    public_key: str
+
+
+class PrincipalRolesChanged(_Event, tag=True, frozen=True):
+    name: str
+    roles: tuple[Role, ...]
+
+
+class PrincipalRevoked(_Event, tag=True, frozen=True):
+    name: str
+
+
 Event = (
     RunOpened
     | LeaseGranted
@@ -367,6 +400,10 @@ Event = (
     | CheckpointsHidden
     | ThreadPruned
     | ThreadPurged
+    | RegistryOpened
+    | PrincipalAdded
+    | PrincipalRolesChanged
+    | PrincipalRevoked
 )
 
 EVENT_TYPES: dict[str, type[_Event]] = {
@@ -399,11 +436,15 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         CheckpointsHidden,
         ThreadPruned,
         ThreadPurged,
+        RegistryOpened,
+        PrincipalAdded,
+        PrincipalRolesChanged,
+        PrincipalRevoked,
     )
 }
 
 
-class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """The envelope that is stored: who wrote what, where in the run, chained to its predecessor.
 
     ``digest`` covers every other field (see ``domain.chain``); ``recorded_at`` is microseconds since
@@ -418,7 +459,12 @@ class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=
     recorded_at: int
     prev_digest: str
     body: Event
-    digest: str = ""
+    digest: str  # "" until sealed
+    # who signed the submission these events answer (``domain.identity``): the digest of its signed
+    # bytes and the signature over it. Empty (unsigned), they are omitted (``omit_defaults``), so an
+    # unsigned envelope has the bytes envelopes had before signatures
+    signed_digest: str = ""
+    signature: str = ""
 
     @property
     def type(self) -> str:

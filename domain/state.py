@@ -32,7 +32,12 @@ from baton.domain.events import (
     LeaseRenewed,
     ObservationRecorded,
     Placement,
+    PrincipalAdded,
+    PrincipalRevoked,
+    PrincipalRolesChanged,
     RecordedEvent,
+    RegistryOpened,
+    Role,
     RunCompleted,
     RunFailed,
     RunOpened,
@@ -47,6 +52,7 @@ _HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
 _AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
 _SETTLING = (ObservationRecorded, IntentReconciled)
 _CLOSING = (RunCompleted, RunFailed)
+_REGISTRY = (RegistryOpened, PrincipalAdded, PrincipalRolesChanged, PrincipalRevoked)
 _RECENT_OP_IDS = 256  # merged into ``op_ids`` at this many: a copy copies at most these
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "Grant",
     "Lease",
     "OpRecord",
+    "Principal",
     "RunState",
     "apply",
     "evolve",
@@ -103,6 +110,15 @@ class Evidence(msgspec.Struct, frozen=True):
     verdict: str
 
 
+class Principal(msgspec.Struct, frozen=True):
+    """A name in the registry (``domain.identity``), with its roles and public key."""
+
+    name: str
+    roles: tuple[Role, ...]
+    public_key: str
+    revoked: bool = False
+
+
 class RunState(msgspec.Struct):
     run_id: str
     version: int = 0
@@ -134,6 +150,10 @@ class RunState(msgspec.Struct):
     grants: dict[str, Grant] = {}  # live grants of the current epoch, by grant id
     approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force for exactly that artifact
     evidence: dict[str, Evidence] = {}  # by artifact digest: the latest verifier verdict on it
+    # the registry stream only (``domain.identity.REGISTRY_RUN``): its principals, and whether the
+    # store verifies signatures
+    principals: dict[str, Principal] = {}
+    signatures_required: bool = False
 
     @property
     def holder(self) -> str | None:
@@ -170,6 +190,8 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:
         state.schema_name = body.schema_name
         state.schema_version = body.schema_version
         state.ceilings = body.ceilings
+    elif isinstance(body, _REGISTRY):
+        _registry(state, body)
     elif isinstance(body, _CLOSING):
         state.status = "completed" if isinstance(body, RunCompleted) else "failed"
         state.lease = None
@@ -237,6 +259,20 @@ def _add_op_id(state: RunState, op_id: str) -> None:
     if len(state.recent_op_ids) >= _RECENT_OP_IDS:
         state.op_ids = (state.op_ids or frozenset()) | state.recent_op_ids  # a new frozenset: copies share the old
         state.recent_op_ids = set()
+
+
+def _registry(
+    state: RunState, body: RegistryOpened | PrincipalAdded | PrincipalRolesChanged | PrincipalRevoked
+) -> None:
+    if isinstance(body, RegistryOpened):
+        state.opened = True
+        state.signatures_required = body.signatures_required
+    elif isinstance(body, PrincipalAdded):
+        state.principals[body.name] = Principal(body.name, body.roles, body.public_key)
+    elif isinstance(body, PrincipalRolesChanged):
+        state.principals[body.name] = msgspec.structs.replace(state.principals[body.name], roles=body.roles)
+    else:
+        state.principals[body.name] = msgspec.structs.replace(state.principals[body.name], revoked=True)
 
 
 def _handoff(state: RunState, body: HandoffPrepared | HandoffAborted | HandoffAccepted, position: int) -> None:

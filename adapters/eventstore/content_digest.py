@@ -3,6 +3,7 @@
 Each accepted submission's row holds the digest of its content. The digest is SHA-256 of
 ``baton.submission.v1\\x00`` and the submission's JSON with sorted keys: JSON keeps every type
 distinct (``1`` is not ``"1"``), and sorted keys make dicts built in any order the same content.
+The signature is left out (``submission_digest``).
 
 Some earlier releases wrote most rows in a second form (``baton.submission.v2``): the ids and epoch
 as a JSON array, then the command's *positional* JSON (``positional_form``). A retry is compared
@@ -28,8 +29,16 @@ _sorted = msgspec.json.Encoder(order="sorted")
 
 
 def submission_digest(submission: Submission) -> str:
-    """The content digest of ``submission``, as its row records it."""
-    return digest_of(_PREFIX, _sorted.encode(submission))
+    """The content digest of ``submission``, as its row records it.
+
+    The signature is not content (it vouches for it), and an unsigned submission has no
+    ``signed_by`` either: such a submission digests as it did before submissions were signed.
+    """
+    plain = msgspec.to_builtins(submission)
+    del plain["signature"]
+    if not plain["signed_by"]:
+        del plain["signed_by"]
+    return digest_of(_PREFIX, _sorted.encode(plain))
 
 
 def same_content(content_digest: str, submission: Submission) -> bool:

@@ -28,16 +28,24 @@ from baton.adapters.eventstore.fenced import (
 from baton.adapters.eventstore.mapper import StoredRunEvent, decode_recorded
 from baton.adapters.eventstore.ports import AsyncAppender, FencedRecorder
 from baton.adapters.eventstore.state_cache import StateCache, working_copy
-from baton.domain import errors
+from baton.adapters.identity import verify_signature
+from baton.domain import errors, identity
 from baton.domain.chain import seal_stored
 from baton.domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
 from baton.domain.decide import decide, envelope_epoch
 from baton.domain.fencing import Fence, fence_for
+from baton.domain.identity import REGISTRY_RUN
 from baton.domain.state import RunState, apply
 
 __all__ = ["WritePath", "submission_digest"]
 
-_UNFENCED = (OpenRun, AcquireLease, ExpireLease, AcceptHandoff)  # a lost race is re-decided, not called stale
+_UNFENCED = (
+    OpenRun,
+    AcquireLease,
+    ExpireLease,
+    AcceptHandoff,
+    *identity.REGISTRY_COMMANDS,
+)  # a lost race is re-decided, not called stale
 _MAX_ATTEMPTS = 16
 
 
@@ -127,9 +135,11 @@ class WritePath:
             return None
         try:
             state = self.cache.get(submission.run_id)
-            if state is None:
+            registry = self.cache.get(REGISTRY_RUN)
+            if state is None or registry is None:
                 return None
-            draft = self._draft([submission], {submission.run_id: state}, refresh=False, all_or_nothing=True)
+            states = {submission.run_id: state}
+            draft = self._draft([submission], states, _opened(registry), refresh=False, all_or_nothing=True)
             if not isinstance(draft, _Draft):
                 return None
             try:
@@ -148,10 +158,14 @@ class WritePath:
         it is not trusted (the cache may be behind): the caller refreshes and decides again.
         """
         run_ids = sorted({s.run_id for s in batch})
+        try:
+            registry = None if REGISTRY_RUN in run_ids else self._registry(refresh=refresh)
+        except (OperationalError, InterfaceError) as exc:
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
         with self.cache.locked(run_ids):
             try:
                 states = {run_id: self.current(run_id, refresh=refresh) for run_id in run_ids}
-                draft = self._draft(batch, states, refresh=refresh, all_or_nothing=all_or_nothing)
+                draft = self._draft(batch, states, registry, refresh=refresh, all_or_nothing=all_or_nothing)
                 if not isinstance(draft, _Draft):
                     return draft
                 try:
@@ -163,11 +177,32 @@ class WritePath:
             self.cache.put(draft.after)
             return draft.verdicts
 
+    def _registry(self, *, refresh: bool) -> RunState | None:
+        """The principal registry's state, if the store has one: cached states are never changed, so
+        a cached one is read without its lock; folding it takes the lock, and lets go before any other."""
+        registry = self.cache.get(REGISTRY_RUN)
+        if registry is None or refresh:
+            with self.cache.locked([REGISTRY_RUN]):
+                registry = self.current(REGISTRY_RUN)
+        return _opened(registry)
+
     def _draft(
-        self, batch: list[Submission], states: dict[str, RunState], *, refresh: bool, all_or_nothing: bool
+        self,
+        batch: list[Submission],
+        states: dict[str, RunState],
+        registry: RunState | None,
+        *,
+        refresh: bool,
+        all_or_nothing: bool,
     ) -> _Draft | list[Verdict] | None:
         """Decide and seal ``batch`` on working copies of ``states``: what to append, or the verdicts of
-        a rejection, or None when the caller should refresh and try again. ``states`` are not changed."""
+        a rejection, or None when the caller should refresh and try again. ``states`` are not changed.
+
+        ``registry`` is the principal registry (None: the store has none, or it is in ``states``).
+        Where it requires signatures, each submission is identified and its signature verified
+        first, and the append fences the registry too, unchanged: a principal revoked meanwhile
+        makes the append miss, and the retry decides on the registry that revoked it.
+        """
         now = self.clock.now()
         working = {run_id: working_copy(state) for run_id, state in states.items()}
         pending: list[StoredRunEvent] = []
@@ -176,6 +211,7 @@ class WritePath:
         for submission in batch:
             state = working[submission.run_id]
             try:
+                _authenticate(working.get(REGISTRY_RUN, registry), state, submission)
                 bodies = decide(state, submission, now)
             except errors.Rejection as rejection:
                 if all_or_nothing or not refresh:
@@ -191,6 +227,8 @@ class WritePath:
             rows.append(SubmissionRow(submission.submission_id, state.run_id, digest, state.version))
             verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
         fences = [fence_for(states[run_id], working[run_id]) for run_id in sorted(states)]
+        if registry is not None and registry.signatures_required:
+            fences.append(fence_for(registry, registry))  # read, not changed: it must still be the same
         return _Draft(list(working.values()), pending, fences, rows, verdicts)
 
     def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
@@ -198,6 +236,7 @@ class WritePath:
             return [self._duplicate_or_conflict(submission)]
         if (
             isinstance(failure, FenceViolation)
+            and failure.run_id == submission.run_id  # not the registry's fence: that is a lost race
             and not isinstance(submission.command, _UNFENCED)
             and (failure.epoch != submission.epoch or failure.holder != submission.worker)
         ):
@@ -222,6 +261,19 @@ class WritePath:
             f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
         )
         return _rejected(submission, conflict)
+
+
+def _opened(registry: RunState) -> RunState | None:
+    return registry if registry.opened else None
+
+
+def _authenticate(registry: RunState | None, state: RunState, submission: Submission) -> None:
+    """Who sent ``submission``, proven by its signature, and whether their roles allow it (else a rejection)."""
+    key = identity.identify(registry, submission)
+    if key is not None:
+        verify_signature(key, submission)
+    holder = registry.principals.get(state.holder) if registry is not None and state.holder else None
+    identity.require_role(registry, submission, holder.public_key if holder is not None else None)
 
 
 def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpoch:

@@ -190,7 +190,7 @@ def test_the_model_marks_handoffs_epochs_and_ceilings() -> None:
         ("w2", 2, HandoffAccepted("sha256:d0c", 1, "rel", "s", 1, state, Usage(), ceilings, Stage.GENERATING)),
     ]
     events = [
-        RecordedEvent("r", i, epoch, worker, f"s{i}", 1_000_000 * i, "", body)  # type: ignore[arg-type]
+        RecordedEvent("r", i, epoch, worker, f"s{i}", 1_000_000 * i, "", body, "")  # type: ignore[arg-type]
         for i, (worker, epoch, body) in enumerate(bodies, start=1)
     ]
 

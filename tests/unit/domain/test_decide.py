@@ -143,6 +143,13 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "SelfAuthorization": "self_authorization",
         "ApprovalMismatch": "approval_mismatch",
         "ReverificationRequired": "reverification_required",
+        "SignatureRequired": "signature_required",
+        "BadSignature": "bad_signature",
+        "UnknownPrincipal": "unknown_principal",
+        "PrincipalRevoked": "principal_revoked",
+        "PrincipalMismatch": "principal_mismatch",
+        "RoleNotAllowed": "role_not_allowed",
+        "SelfApproval": "self_approval",
     }
 
 

@@ -1,0 +1,196 @@
+"""Who may submit what: principals, their roles and keys, kept in a registry that lives in the log.
+
+The registry is a stream of its own (``REGISTRY_RUN``), folded into a ``RunState`` like any run,
+written only by operators. A store whose registry says ``signatures_required`` accepts a
+submission only when it is signed by the key registered for the principal it names (``worker``),
+that principal is not revoked, and its roles allow the command; what a worker says about itself is
+never enough. A store without a registry, or one opened as a development store, verifies nothing
+and says so ("identities not verified").
+
+A submission's signature is an Ed25519 signature over ``signed_digest(submission)``: the digest
+of its canonical bytes without the ``signature`` member (``signed_by``, the key, is signed too).
+The envelopes a submission produces carry that digest and the signature, so whoever holds the
+registry's events can check who wrote each event. Verifying the signature itself needs a
+cryptography library, which this pure package does not import: ``identify`` returns the key that
+must verify it, and the ledger's adapter verifies (``adapters/identity``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from baton.domain import errors
+from baton.domain.canonical import canonical_bytes, digest_of
+from baton.domain.commands import (
+    AddPrincipal,
+    ChangeRoles,
+    Command,
+    DenyApproval,
+    GrantApproval,
+    GrantAuthority,
+    OpenRegistry,
+    OpenRun,
+    PurgeThread,
+    RecordEvidence,
+    RevokeAuthority,
+    RevokePrincipal,
+    Submission,
+)
+from baton.domain.events import (
+    ROLES,
+    Event,
+    PrincipalAdded,
+    PrincipalRevoked,
+    PrincipalRolesChanged,
+    RegistryOpened,
+    Role,
+)
+from baton.domain.state import RunState
+
+__all__ = [
+    "KEY_PREFIX",
+    "REGISTRY_COMMANDS",
+    "REGISTRY_RUN",
+    "SIGNATURE_PREFIX",
+    "decide_registry",
+    "identify",
+    "require_role",
+    "signed_digest",
+]
+
+REGISTRY_RUN = "baton:registry"
+SIGNATURE_PREFIX = b"baton.submission-signature.v1\x00"
+KEY_PREFIX = "ed25519:"
+REGISTRY_COMMANDS = (OpenRegistry, AddPrincipal, ChangeRoles, RevokePrincipal)
+_OPERATOR_COMMANDS = (*REGISTRY_COMMANDS, GrantAuthority, RevokeAuthority, PurgeThread)
+
+
+def signed_digest(submission: Submission) -> str:
+    """What a submission's signature signs: the digest of its canonical bytes without ``signature``."""
+    plain = msgspec.to_builtins(submission)
+    del plain["signature"]
+    return digest_of(SIGNATURE_PREFIX, canonical_bytes(plain))
+
+
+def identify(registry: RunState | None, submission: Submission) -> str | None:
+    """The public key that must verify ``submission``'s signature, or None when nothing is verified.
+
+    ``registry`` is the registry stream's state (a ``RunState``; None or unopened: no registry).
+    Raises ``SignatureRequired``, ``UnknownPrincipal``, ``PrincipalMismatch`` or ``PrincipalRevoked``.
+    """
+    if registry is None or not registry.opened:
+        if isinstance(submission.command, OpenRegistry) and submission.command.signatures_required:
+            return _signed_with(submission, submission.command.public_key)  # the first operator signs itself in
+        return None
+    if not registry.signatures_required:
+        return None
+    principals = registry.principals
+    if not submission.signature or not submission.signed_by:
+        raise errors.SignatureRequired("this store verifies identities: sign the submission")
+    principal = principals.get(submission.worker)
+    owner = next((p for p in principals.values() if p.public_key == submission.signed_by), None)
+    if principal is None and owner is None:
+        raise errors.UnknownPrincipal(f"no principal {submission.worker!r} and no principal with that key")
+    if principal is None or (owner is not None and owner.name != principal.name):
+        holder = owner.name if owner is not None else "nobody"
+        raise errors.PrincipalMismatch(f"the submission names {submission.worker!r} but the key is {holder!r}'s")
+    if principal.revoked:
+        raise errors.PrincipalRevoked(f"principal {principal.name!r} was revoked")
+    return _signed_with(submission, principal.public_key)
+
+
+def _signed_with(submission: Submission, public_key: str) -> str:
+    if not submission.signature:
+        raise errors.SignatureRequired("this store verifies identities: sign the submission")
+    if submission.signed_by != public_key:
+        raise errors.PrincipalMismatch(f"{submission.worker!r} is registered with another key")
+    return public_key
+
+
+def require_role(registry: RunState | None, submission: Submission, holder_key: str | None) -> None:
+    """The principal's roles allow the command; approvals and evidence never come from the lease holder.
+
+    Only where signatures are required (roles of unverified names would prove nothing).
+    ``holder_key`` is the public key of the run's lease holder, if it has one.
+    """
+    if registry is None or not registry.signatures_required:
+        return
+    principal = registry.principals.get(submission.worker)
+    command = submission.command
+    if principal is None:  # only ``OpenRegistry`` gets here unregistered: ``identify`` refuses the rest
+        return
+    needed = _roles_for(command)
+    if not set(needed) & set(principal.roles):
+        msg = f"{principal.name!r} ({', '.join(principal.roles) or 'no roles'}) may not {type(command).__name__}"
+        raise errors.RoleNotAllowed(msg + f": it takes {' or '.join(needed)}")
+    if isinstance(command, GrantApproval | DenyApproval | RecordEvidence) and principal.public_key == holder_key:
+        raise errors.SelfApproval(
+            f"{principal.name!r} holds the lease (or shares its key): it cannot judge its own work"
+        )
+
+
+def _roles_for(command: Command) -> tuple[Role, ...]:
+    if isinstance(command, _OPERATOR_COMMANDS):
+        return ("operator",)
+    if isinstance(command, GrantApproval | DenyApproval):
+        return ("approver",)
+    if isinstance(command, RecordEvidence):
+        return ("verifier",)
+    if isinstance(command, OpenRun):
+        return ("worker", "operator")
+    return ("worker",)
+
+
+def decide_registry(registry: RunState, submission: Submission) -> list[Event]:
+    """The events of a registry command (``identify`` and ``require_role`` have judged its author)."""
+    command = submission.command
+    if isinstance(command, OpenRegistry):
+        return _open_registry(registry, submission.worker, command)
+    if not registry.opened:
+        raise errors.RunNotFound("the store has no registry: run `baton store init`")
+    if isinstance(command, AddPrincipal):
+        return [_add(registry, command)]
+    if not isinstance(command, ChangeRoles | RevokePrincipal):
+        raise errors.Malformed(f"the registry takes registry commands, not {type(command).__name__}")
+    principal = registry.principals.get(command.name)
+    if principal is None:
+        raise errors.UnknownPrincipal(f"no principal {command.name!r}")
+    if principal.revoked:
+        raise errors.PrincipalRevoked(f"principal {command.name!r} was revoked")
+    if isinstance(command, ChangeRoles):
+        return [PrincipalRolesChanged(command.name, _roles(command.roles))]
+    return [PrincipalRevoked(command.name)]
+
+
+def _open_registry(registry: RunState, operator: str, command: OpenRegistry) -> list[Event]:
+    if registry.opened:
+        raise errors.RunAlreadyExists("the registry is already open")
+    if not command.signatures_required:
+        return [RegistryOpened(False)]
+    _check_key(command.public_key)
+    return [
+        RegistryOpened(True, operator, command.public_key),
+        PrincipalAdded(operator, ("operator",), command.public_key),
+    ]
+
+
+def _add(registry: RunState, command: AddPrincipal) -> PrincipalAdded:
+    if command.name in registry.principals:
+        raise errors.RunAlreadyExists(f"principal {command.name!r} already exists")
+    _check_key(command.public_key)
+    if any(p.public_key == command.public_key for p in registry.principals.values()):
+        raise errors.Malformed("another principal already has this key: one key, one principal")
+    return PrincipalAdded(command.name, _roles(command.roles), command.public_key)
+
+
+def _roles(roles: tuple[Role, ...]) -> tuple[Role, ...]:
+    if not roles:
+        raise errors.Malformed("a principal needs at least one role")
+    return tuple(r for r in ROLES if r in roles)  # one order, no repeats
+
+
+def _check_key(public_key: str) -> None:
+    """A key is ``ed25519:`` and the base64 of 32 bytes (44 characters ending ``=``)."""
+    body = public_key.removeprefix(KEY_PREFIX)
+    if not public_key.startswith(KEY_PREFIX) or len(body) != 44 or not body.endswith("="):
+        raise errors.Malformed(f"a public key is {KEY_PREFIX}<base64 of 32 bytes>")
