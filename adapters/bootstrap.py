@@ -8,9 +8,13 @@ from eventsourcing.utils import Environment
 from baton.adapters.clock import Clock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import SqlConnection
+from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph.index import create_index_tables
 from baton.adapters.settings import StoreSettings
 from baton.adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
+from baton.domain.commands import OpenRegistry, Submission
+from baton.domain.errors import BatonError
+from baton.domain.identity import REGISTRY_RUN
 
 __all__ = ["init_store", "open_ledger", "open_views"]
 
@@ -35,14 +39,30 @@ def open_ledger(url: str | None = None, *, clock: Clock | None = None, one_shot:
     return ledger
 
 
-def init_store(url: str | None = None) -> StoreSettings:
+def init_store(
+    url: str | None = None,
+    *,
+    operator_key: SigningKey | None = None,
+    operator: str = "operator",
+    unsigned: bool = False,
+) -> StoreSettings:
     """Bring the store's schema to the latest version: apply the migrations it lacks, in order, each
     recorded in ``baton_migrations``; a store made before versions were recorded is recognised.
-    Idempotent."""
+
+    With ``operator_key``, also open the store's principal registry with ``operator`` as its first
+    operator: from then on the store accepts only signed submissions (``domain.identity``). With
+    ``unsigned``, open it as a development store that verifies no identities. With neither, a
+    store without a registry stays one (identities not verified). A registry, once open, is never
+    opened again: both are no-ops then. Idempotent.
+    """
+    if operator_key is not None and unsigned:
+        raise ValueError("a store is either signed (operator_key) or unsigned, not both")
     settings = StoreSettings.resolve(url)
     ledger = RunLedger(settings.env(create_table=False))
     try:
         ledger.store.migrate()
+        if operator_key is not None or unsigned:
+            _open_registry(ledger, operator_key, operator)
     finally:
         ledger.close()
     side = SqlConnection(settings.url, pool_size=1)  # the LangGraph thread index, outside the versioned schema
@@ -51,6 +71,16 @@ def init_store(url: str | None = None) -> StoreSettings:
     finally:
         side.close()
     return settings
+
+
+def _open_registry(ledger: RunLedger, key: SigningKey | None, operator: str) -> None:
+    if ledger.state(REGISTRY_RUN).opened:
+        return
+    command = OpenRegistry(signatures_required=key is not None, public_key=key.public_key if key else "")
+    submission = Submission(f"{operator}:open-registry", REGISTRY_RUN, operator, command)
+    verdict = ledger.submit(key.sign(submission) if key is not None else submission)
+    if verdict.verdict == "rejected":
+        raise BatonError(f"could not open the registry: {verdict.reason}: {verdict.message}")
 
 
 def open_views(url: str | None = None, *, batch_size: int = DEFAULT_BATCH) -> ViewRunner:

@@ -24,6 +24,7 @@ import msgspec
 
 from baton.adapters import handoff
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.identity import SigningKey
 from baton.adapters.wire import decode_verdict
 from baton.domain import errors
 from baton.domain.budgets import Ceilings, Usage
@@ -142,9 +143,19 @@ class Worker:
     """One worker process: its name, placement, transport and (for reads) a store."""
 
     def __init__(
-        self, placement: Placement, transport: Transport, reader: RunLedger, *, retries: int = 5, ttl_ms: int = 30_000
+        self,
+        placement: Placement,
+        transport: Transport,
+        reader: RunLedger,
+        *,
+        key: SigningKey | None = None,
+        retries: int = 5,
+        ttl_ms: int = 30_000,
     ) -> None:
+        """``key``: the private key of the principal ``placement.worker`` names, for a store that
+        verifies identities; every submission is signed with it."""
         self.placement, self.transport, self.reader = placement, transport, reader
+        self.key = key
         self.retries, self.ttl_ms = retries, ttl_ms
         self.epochs: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -159,6 +170,8 @@ class Worker:
         """Submit once (retried with the same id on transport failures); raise the domain error if rejected."""
         sid = f"{self._stamp}:{next(self._ids)}"
         submission = Submission(sid, run_id, self.name, command, self.epochs.get(run_id, 0) if epoch is None else epoch)
+        if self.key is not None:
+            submission = self.key.sign(submission)
         for attempt in range(self.retries):
             try:
                 verdict = self.transport.submit(submission)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from baton.adapters.bootstrap import init_store, open_ledger
+    from baton.adapters.identity import SigningKey
     from baton.adapters.langgraph import BatonSaver
     from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
     from baton.domain import errors
@@ -32,6 +33,7 @@ _HOME = {
     "NatsTransport": "baton.adapters.worker",
     "open_ledger": "baton.adapters.bootstrap",
     "init_store": "baton.adapters.bootstrap",
+    "SigningKey": "baton.adapters.identity",
     "BatonSaver": "baton.adapters.langgraph",
     "Ceilings": "baton.domain.budgets",
     "Usage": "baton.domain.budgets",
@@ -54,6 +56,7 @@ __all__ = [
     "NatsTransport",
     "open_ledger",
     "init_store",
+    "SigningKey",
     "BatonSaver",
     "Ceilings",
     "Usage",

@@ -89,11 +89,12 @@ def identify(registry: RunState | None, submission: Submission) -> str | None:
         raise errors.SignatureRequired("this store verifies identities: sign the submission")
     principal = principals.get(submission.worker)
     owner = next((p for p in principals.values() if p.public_key == submission.signed_by), None)
-    if principal is None and owner is None:
-        raise errors.UnknownPrincipal(f"no principal {submission.worker!r} and no principal with that key")
-    if principal is None or (owner is not None and owner.name != principal.name):
-        holder = owner.name if owner is not None else "nobody"
-        raise errors.PrincipalMismatch(f"the submission names {submission.worker!r} but the key is {holder!r}'s")
+    if principal is None:
+        raise errors.UnknownPrincipal(f"no principal {submission.worker!r} in the registry")
+    if owner is None:
+        raise errors.UnknownPrincipal("the submission is signed with a key no principal has")
+    if owner.name != principal.name:
+        raise errors.PrincipalMismatch(f"the submission names {principal.name!r} but the key is {owner.name!r}'s")
     if principal.revoked:
         raise errors.PrincipalRevoked(f"principal {principal.name!r} was revoked")
     return _signed_with(submission, principal.public_key)

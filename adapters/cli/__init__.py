@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 import click
 
-from baton.adapters.cli import audit, demo, handoff, purge, runs, serve, store, submit, views
+from baton.adapters.cli import audit, demo, handoff, identity, purge, runs, serve, store, submit, views
 from baton.adapters.cli.app import EXIT_CODES, Failed, root
 
 __all__ = ["EXIT_CODES", "main", "root"]
 
-for _module in (store, demo, submit, runs, audit, handoff, views, serve, purge):
+for _module in (store, identity, demo, submit, runs, audit, handoff, views, serve, purge):
     for _command in _module.COMMANDS:
         root.add_command(_command)
 

@@ -9,6 +9,7 @@ import click
 import msgspec
 
 from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.identity import read_key
 from baton.adapters.cli.options import echo_json, store_option
 from baton.adapters.wire import decode_submission
 from baton.domain.commands import Submission, Verdict
@@ -21,18 +22,24 @@ SCHEMAS = {"submission": Submission, "verdict": Verdict, "event": RecordedEvent}
 
 @click.command("submit")
 @store_option
-def submit(store: str | None) -> int:
+@click.option("--key", "key_file", metavar="FILE", help="sign every line with this private key (the line's worker's)")
+def submit(store: str | None, key_file: str | None) -> int:
     """JSON Lines submissions on stdin -> verdict lines.
 
-    A malformed line gets a ``malformed`` rejection and the stream goes on.
+    A malformed line gets a ``malformed`` rejection and the stream goes on. With --key each line is
+    signed as it is read (its ``worker`` must be the key's principal).
     """
+    key = read_key(key_file) if key_file is not None else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         for raw in sys.stdin:
             line = raw.strip()
             if not line:
                 continue
             decoded = decode_submission(line.encode())
-            echo_json(decoded if isinstance(decoded, Verdict) else ledger.submit(decoded))
+            if isinstance(decoded, Verdict):
+                echo_json(decoded)
+                continue
+            echo_json(ledger.submit(key.sign(decoded) if key is not None else decoded))
     return 0
 
 

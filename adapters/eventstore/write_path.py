@@ -179,9 +179,10 @@ class WritePath:
 
     def _registry(self, *, refresh: bool) -> RunState | None:
         """The principal registry's state, if the store has one: cached states are never changed, so
-        a cached one is read without its lock; folding it takes the lock, and lets go before any other."""
+        a cached one is read without its lock; folding it takes the lock, and lets go before any other.
+        A ledger reads a store without a registry once: one opened later is seen when it restarts."""
         registry = self.cache.get(REGISTRY_RUN)
-        if registry is None or refresh:
+        if registry is None or (refresh and registry.opened):
             with self.cache.locked([REGISTRY_RUN]):
                 registry = self.current(REGISTRY_RUN)
         return _opened(registry)

@@ -83,7 +83,7 @@ def test_submit_gives_one_verdict_per_line_and_survives_malformed_lines(tmp_path
     """Given JSON Lines with a good, a duplicate, a conflicting, a broken and a stale submission, when piped
     into `baton submit`, then each gets its verdict and the process keeps going."""
     store = f"sqlite:///{tmp_path / 's.db'}"
-    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
     acquire = {"type": "acquire_lease", "placement": {"worker": "w1"}, "ttl_ms": 60000}
     conflicting = {**OPEN, "release_id": "rel-2"}
     stale = {"type": "renew_lease"}
@@ -117,7 +117,7 @@ def test_submit_gives_one_verdict_per_line_and_survives_malformed_lines(tmp_path
 def test_store_url_comes_from_the_environment_when_no_flag_is_given(tmp_path: Path) -> None:
     """Given BATON_STORE, when a command runs without --store, then it uses that store, not ./baton.db."""
     store = f"sqlite:///{tmp_path / 'env.db'}"
-    assert baton(tmp_path, "store", "init", env={"BATON_STORE": store}).returncode == 0
+    assert baton(tmp_path, "store", "init", "--unsigned", env={"BATON_STORE": store}).returncode == 0
     assert (tmp_path / "env.db").exists()
     assert not (tmp_path / "baton.db").exists()
 
@@ -175,7 +175,7 @@ def test_resume_of_a_run_with_a_lost_observation_needs_reconciliation(tmp_path: 
     """Given a run whose last effect has no recorded outcome, when another worker asks to resume it, then the
     answer is R5 naming the effect, and the lease transfer is among the reasons."""
     store = f"sqlite:///{tmp_path / 'r5.db'}"
-    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
     intent = {
         "type": "record_intent",
         "op_id": "push-1",
@@ -213,7 +213,7 @@ def test_resume_of_a_run_with_a_lost_observation_needs_reconciliation(tmp_path: 
 def test_serve_refuses_an_unknown_bus_url_with_exit_2(tmp_path: Path) -> None:
     """Given an initialised store, when ``baton serve`` gets an http:// bus, then exit 2 and why."""
     store = f"sqlite:///{tmp_path / 'baton.db'}"
-    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
 
     result = baton(tmp_path, "serve", "--store", store, "--bus", "http://127.0.0.1:9")
 

@@ -31,7 +31,7 @@ def sealed_run(tmp_path: Path, store: str) -> None:
         {"submission_id": f"s{i}", "run_id": "r1", "worker": "w1", "command": command, "epoch": 0 if i < 2 else 1}
         for i, command in enumerate(commands)
     ]
-    assert baton(tmp_path, "store", "init", "--store", store).returncode == 0
+    assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
     verdicts = lines(baton(tmp_path, "submit", "--store", store, stdin="\n".join(map(json.dumps, submissions))).stdout)
     assert [v["verdict"] for v in verdicts] == ["accepted"] * 4
 
@@ -42,7 +42,7 @@ def test_export_then_import_moves_the_run_between_stores_exactly_once(tmp_path: 
     source, target = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     sealed_run(tmp_path, source)
     (tmp_path / "state.json").write_text(json.dumps(STATE), encoding="utf-8")
-    assert baton(tmp_path, "store", "init", "--store", target).returncode == 0
+    assert baton(tmp_path, "store", "init", "--store", target, "--unsigned").returncode == 0
 
     exported = baton(
         tmp_path, "handoff", "export", "r1", "--to", "w2", "--state", "state.json", "--to-version", "2",
