@@ -22,7 +22,9 @@ from pydantic import ValidationError
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
+from baton.adapters.identity import RegistryHistory
 from baton.domain.errors import BatonError, StoreUnavailable
+from baton.domain.identity import REGISTRY_RUN
 from baton.projections.audit import AuditFold, Problem
 
 __all__ = ["AUDIT_ERRORS", "DEFAULT_JOBS", "PARALLEL_MIN_EVENTS", "AuditReport", "audit_store", "verify_export"]
@@ -108,6 +110,7 @@ def _audit_range(
         report.runs_checked += 1
         report.events_checked += fold.events
 
+    authorship = registry_history(ledger)
     current: str | None = None  # the run of ``fold``
     apply: Callable[[bytes], None] | None = None  # its ``apply_stored``
     count = 0
@@ -116,7 +119,7 @@ def _audit_range(
             if originator_id != current or apply is None:
                 if fold is not None:
                     close(fold)
-                fold, current = AuditFold(originator_id), originator_id
+                fold, current = AuditFold(originator_id, authorship=authorship), originator_id
                 apply = fold.apply_stored
                 seen.add(originator_id)
             apply(data)
@@ -126,6 +129,12 @@ def _audit_range(
     if fold is not None:
         close(fold)
     return report, seen
+
+
+def registry_history(ledger: RunLedger) -> RegistryHistory | None:
+    """The store's registry over time, to check each event's author by; None for a store without one."""
+    events = list(ledger.history(REGISTRY_RUN))
+    return RegistryHistory(events) if events else None
 
 
 def _audit_parallel(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -17,9 +18,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from baton.domain import errors
 from baton.domain.commands import Submission
+from baton.domain.events import PrincipalAdded, PrincipalRevoked, RecordedEvent, RegistryOpened
 from baton.domain.identity import KEY_PREFIX, signed_digest
 
-__all__ = ["SigningKey", "verify_signature"]
+__all__ = ["RegistryHistory", "SigningKey", "verify_signature"]
 
 
 class SigningKey:
@@ -65,9 +67,53 @@ class SigningKey:
 
 def verify_signature(public_key: str, submission: Submission) -> None:
     """Raise ``BadSignature`` unless ``submission.signature`` verifies with ``public_key``."""
+    if not _verifies(public_key, submission.signature, signed_digest(submission)):
+        raise errors.BadSignature(f"the signature of {submission.submission_id!r} does not verify")
+
+
+def _verifies(public_key: str, signature: str, digest: str) -> bool:
+    """Whether ``signature`` (base64) is ``public_key``'s over ``digest`` (what a principal signs)."""
     try:
         raw = base64.b64decode(public_key.removeprefix(KEY_PREFIX), validate=True)
-        signature = base64.b64decode(submission.signature, validate=True)
-        Ed25519PublicKey.from_public_bytes(raw).verify(signature, signed_digest(submission).encode())
-    except (InvalidSignature, ValueError) as exc:
-        raise errors.BadSignature(f"the signature of {submission.submission_id!r} does not verify") from exc
+        Ed25519PublicKey.from_public_bytes(raw).verify(base64.b64decode(signature, validate=True), digest.encode())
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+class RegistryHistory:
+    """The registry as it was over time, read from its events: who wrote each event, checked offline.
+
+    For the audit (``projections.audit.AuditFold``'s ``authorship``): an event recorded after the
+    registry required signatures must be signed, by a principal added no later than the event and
+    not revoked before it, with a signature that verifies over its ``signed_digest``.
+    """
+
+    def __init__(self, events: Iterable[RecordedEvent]) -> None:
+        self.required_since: int | None = None
+        self.keys: dict[str, str] = {}
+        self.added: dict[str, int] = {}
+        self.revoked: dict[str, int] = {}
+        for event in events:
+            body = event.body
+            if isinstance(body, RegistryOpened) and body.signatures_required:
+                self.required_since = event.recorded_at
+            elif isinstance(body, PrincipalAdded):
+                self.keys[body.name], self.added[body.name] = body.public_key, event.recorded_at
+            elif isinstance(body, PrincipalRevoked):
+                self.revoked[body.name] = event.recorded_at
+
+    def __call__(self, event: RecordedEvent) -> tuple[str, str] | None:
+        if self.required_since is None or event.recorded_at < self.required_since:
+            return None
+        if not event.signature:
+            return "unsigned", f"{event.type} from {event.worker!r} carries no signature"
+        key, added = self.keys.get(event.worker), self.added.get(event.worker)
+        if key is None or added is None or added > event.recorded_at:
+            return "unknown_principal", f"{event.type} signed for {event.worker!r}, not in the registry then"
+        revoked = self.revoked.get(event.worker)
+        if revoked is not None and event.recorded_at > revoked:
+            return "principal_revoked", f"{event.type} from {event.worker!r} after its revocation"
+        if not _verifies(key, event.signature, event.signed_digest):
+            return "bad_signature", f"{event.type}'s signature does not verify with {event.worker!r}'s key"
+        return None

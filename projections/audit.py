@@ -20,7 +20,7 @@ from the open intents and a few small maps (approvals and evidence per artifact)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -47,6 +47,7 @@ from baton.domain.events import (
     LeaseRenewed,
     ObservationRecorded,
     RecordedEvent,
+    RegistryOpened,
     RunCompleted,
     RunFailed,
     RunOpened,
@@ -64,6 +65,7 @@ from baton.projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = [
     "CODES",
+    "Authorship",
     "RULES",
     "AuditFold",
     "AuditState",
@@ -76,6 +78,9 @@ __all__ = [
 ]
 
 ENVELOPE_RULES: tuple[Rule, ...] = (run.lifecycle,)
+
+# who wrote an event, checked by whoever holds the registry: a problem's (code, detail), or None
+Authorship = Callable[[RecordedEvent], tuple[str, str] | None]
 
 # fenced work, which the holder may not do while a handoff is pending
 _WORK: tuple[Rule, ...] = (run.fenced, handoff.not_pending)
@@ -114,6 +119,7 @@ def tombstone(s: AuditState, e: RecordedEvent) -> None:
 
 RULES: dict[type[Any], tuple[Rule, ...]] = {
     RunOpened: (run.opened,),
+    RegistryOpened: (run.opened,),  # the registry stream's first event: an operator's, no lease
     LeaseGranted: (run.granted,),
     LeaseRenewed: (run.fenced, run.renewed),
     LeaseReleased: (run.fenced, run.released),
@@ -189,9 +195,18 @@ class AuditFold:
     """
 
     def __init__(
-        self, run_id: str, *, rules: Mapping[type[Any], Sequence[Rule]] | None = None, max_problems: int = 1000
+        self,
+        run_id: str,
+        *,
+        rules: Mapping[type[Any], Sequence[Rule]] | None = None,
+        max_problems: int = 1000,
+        authorship: Authorship | None = None,
     ) -> None:
+        """``authorship`` checks who wrote each event (its signature against the registry): a
+        problem's code and detail, or None. It is given by the caller, which holds the registry and
+        the means to verify a signature (``adapters.identity.RegistryHistory``)."""
         self.state = AuditState(run_id, max_problems)
+        self._authorship = authorship
         self.events = 0
         self.head = 0  # the last position read in order
         self.head_digest: str | None = ZERO_DIGEST  # None after an undecodable event: the next link is unknown
@@ -302,6 +317,10 @@ class AuditFold:
         state.position = event.position
         for rule in self._chains.get(type(event.body), ENVELOPE_RULES):
             rule(state, event)
+        if self._authorship is not None:
+            found = self._authorship(event)
+            if found is not None:
+                state.report(*found)
 
     def _chain(self, kind: type[Any]) -> tuple[Rule, ...]:
         """``ENVELOPE_RULES``, then the body type's rules, with the usual fenced prefix as one rule."""

@@ -23,6 +23,7 @@ from baton.domain.events import (
     LeaseRenewed,
     ObservationRecorded,
     RecordedEvent,
+    RegistryOpened,
     RunOpened,
     ThreadDeleted,
     ThreadPurged,
@@ -81,7 +82,7 @@ def lifecycle(s: AuditState, e: RecordedEvent) -> None:
     if s.terminal is not None and not _erasure(s, e):
         s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
     if not s.opened and not (
-        isinstance(e.body, RunOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
+        isinstance(e.body, RunOpened | RegistryOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
     ):
         s.report("not_opened", f"{e.type} before RunOpened")
     if e.epoch < s.epoch:
@@ -144,11 +145,13 @@ def check_ceilings(s: AuditState) -> None:
 
 
 def opened(s: AuditState, e: RecordedEvent) -> None:
-    body: RunOpened = e.body  # type: ignore[assignment]
     if s.opened:
         s.report("duplicate_open", "the run was already opened")
         return
     s.opened = True
+    if not isinstance(e.body, RunOpened):
+        return  # the registry's opening: no release, no ceilings
+    body = e.body
     s.release_id = body.release_id
     s.limits = tuple(
         (index, ceiling) for index, ceiling in enumerate(msgspec.structs.astuple(body.ceilings)) if ceiling is not None

@@ -74,6 +74,11 @@ CODES: dict[str, str] = {
     "authority_missing": "an effect naming a grant not live for its worker and epoch, or a revocation of none",
     "approval_mismatch": "an effect committing a proposal without an unexpired approval for exactly its digest",
     "reverification_required": "an effect committing a proposal without passing evidence in its workspace and release",
+    # authorship (a store whose registry verifies identities)
+    "unsigned": "an event without a signature, recorded after the registry required them",
+    "unknown_principal": "an event signed for a name the registry did not hold at that time",
+    "principal_revoked": "an event from a principal recorded after its revocation",
+    "bad_signature": "an event whose signature does not verify with its author's registered key",
     # reporting
     "too_many_problems": "reporting stopped for this run; more problems may follow",
 }

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 from integration_support import TASK, RawStore, intent
+from test_tampering import force_update
 
+from baton.adapters.audit_runner import audit_store
 from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
@@ -29,6 +31,7 @@ from baton.domain.commands import (
     Verdict,
 )
 from baton.domain.events import Placement, Role
+from baton.domain.chain import envelope_digest
 from baton.domain.identity import REGISTRY_RUN, signed_digest
 
 RUN = "run-id-1"
@@ -65,7 +68,7 @@ class Signed:
 def signed(store_url: str) -> Iterator[Signed]:
     operator = SigningKey.generate()
     init_store(store_url, operator_key=operator)
-    ledger = open_ledger(store_url, clock=ManualClock())
+    ledger = open_ledger(store_url)  # the store's clock, as init's: the audit orders the registry by it
     backend = "sqlite" if store_url.startswith("sqlite:") else "postgres"
     world = Signed(ledger, RawStore(store_url, backend), {"operator": operator})
     world.principal("alice", "worker")
@@ -178,3 +181,22 @@ def test_an_unsigned_development_store_accepts_unsigned_submissions(store_url: s
         assert not ledger.state(REGISTRY_RUN).signatures_required
     finally:
         ledger.close()
+
+
+def test_the_audit_checks_every_signature_and_names_a_forged_one(signed: Signed) -> None:
+    """Given a clean signed store, when an attacker with database access swaps an event's signature for
+    another valid-looking one and re-seals the chain, then the audit names bad_signature at its position."""
+    first = signed.send("alice", intent("op-1"), epoch=1)
+    second = signed.send("alice", intent("op-2"), epoch=1)
+    assert audit_store(signed.ledger).problems == []
+    events = {e.position: e for e in signed.ledger.history(RUN)}
+    forged = msgspec.json.decode(signed.store.state_bytes(RUN, second.position))
+    forged["signature"] = events[first.position].signature  # alice's, but over another digest
+    del forged["digest"]
+    forged["digest"] = envelope_digest(forged)
+    force_update(signed.store, second.position, msgspec.json.encode(forged), run_id=RUN)
+    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+
+    found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
+
+    assert found == {(second.position, "bad_signature")}

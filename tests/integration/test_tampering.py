@@ -40,11 +40,11 @@ def short_run(ledger: RunLedger) -> None:
     assert ledger.verify(RUN).events == 5
 
 
-def force_update(store: RawStore, position: int, state: bytes) -> None:
+def force_update(store: RawStore, position: int, state: bytes, *, run_id: str = RUN) -> None:
     """Overwrite one stored envelope, bypassing the append-only trigger."""
     update = (
         f"UPDATE {store.events_table} SET state = ? WHERE originator_id = ? AND originator_version = ?",
-        (state, RUN, position),
+        (state, run_id, position),
     )
     if store.backend == "sqlite":
         store.execute("DROP TRIGGER stored_events_no_update", update)
