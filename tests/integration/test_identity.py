@@ -18,6 +18,7 @@ from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.identity import SigningKey, verify_signature
+from baton.domain.chain import envelope_digest
 from baton.domain.commands import (
     AcquireLease,
     AddPrincipal,
@@ -31,7 +32,6 @@ from baton.domain.commands import (
     Verdict,
 )
 from baton.domain.events import Placement, Role
-from baton.domain.chain import envelope_digest
 from baton.domain.identity import REGISTRY_RUN, signed_digest
 
 RUN = "run-id-1"
