@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from eventsourcing.persistence import InfrastructureFactory
 from eventsourcing.utils import Environment
 
@@ -12,11 +14,11 @@ from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph.index import create_index_tables
 from baton.adapters.settings import StoreSettings
 from baton.adapters.views import DEFAULT_BATCH, PostgresViews, SQLiteViews, ViewRunner
-from baton.domain.commands import OpenRegistry, Submission
+from baton.domain.commands import Command, OpenRegistry, Submission, Verdict
 from baton.domain.errors import BatonError
 from baton.domain.identity import REGISTRY_RUN
 
-__all__ = ["init_store", "open_ledger", "open_views"]
+__all__ = ["init_store", "open_ledger", "open_views", "register"]
 
 
 def open_ledger(url: str | None = None, *, clock: Clock | None = None, one_shot: bool = False) -> RunLedger:
@@ -71,6 +73,23 @@ def init_store(
     finally:
         side.close()
     return settings
+
+
+def register(url: str | None, operator_key: SigningKey, command: Command) -> Verdict:
+    """Submit a registry command (add a principal, change its roles, revoke it) signed by an operator.
+
+    The submission names the principal whose key ``operator_key`` is; the ledger checks it is an
+    operator's."""
+    ledger = open_ledger(url, one_shot=True)
+    try:
+        registry = ledger.state(REGISTRY_RUN)
+        if not registry.opened:
+            raise BatonError("this store has no registry: run `baton store init --operator-key FILE` first")
+        name = next((p.name for p in registry.principals.values() if p.public_key == operator_key.public_key), "")
+        submission = Submission(f"{name or 'unknown'}:{uuid.uuid4().hex}", REGISTRY_RUN, name or "unknown", command)
+        return ledger.submit(operator_key.sign(submission))
+    finally:
+        ledger.close()
 
 
 def _open_registry(ledger: RunLedger, key: SigningKey | None, operator: str) -> None:

@@ -8,6 +8,8 @@ One embedded PostgreSQL (fsync on) serves every contender, each in its own datab
   ``observe`` (two fenced, committed appends per step: the intent is durable before the tool runs).
 - **langgraph**: a one-node ``StateGraph`` looping N supersteps, each calling the tool, checkpointed by
   LangGraph's ``PostgresSaver`` with ``durability="sync"`` (the checkpoint commits before the next step).
+- **baton-signed**: the same on a store that verifies identities: the worker is a registered
+  principal and signs every submission; the ledger verifies each signature and fences the registry.
 - **dbos**: a DBOS workflow calling the tool as a ``@DBOS.step`` N times (each step's output is
   recorded in DBOS's system database before the next one).
 
@@ -16,7 +18,8 @@ contender's background threads (DBOS polls its system database) run while anothe
 Rounds alternate the order of the contenders so a burst of load on the shared machine hits each.
 Reported: the median over rounds of the time per step and of the contender process's CPU per step
 (the client's share: the server is another process), and each peer's time over Baton's (above 1
-means Baton is faster). The goals (issue 27): LangGraph / Baton >= 2, DBOS / Baton >= 4.
+means Baton is faster), and the cost of signing and of verifying one submission. The goals (issues 27
+and 28): LangGraph / Baton >= 2, DBOS / Baton >= 4, LangGraph / signed Baton >= 2.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -39,6 +43,7 @@ from bench.machine import machine_info
 from tests.support.local_servers import LocalPostgres
 
 GOALS = {"langgraph": 2.0, "dbos": 4.0}
+OPERATOR_KEY = "BENCH_STEP_OPERATOR_KEY"  # the signed store's operator key file, for the child processes
 
 
 def tool(i: int) -> dict[str, int]:
@@ -46,13 +51,23 @@ def tool(i: int) -> dict[str, int]:
     return {"i": i, "square": i * i}
 
 
-def baton_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+def baton_contender(url: str, closers: list[Callable[[], None]], *, signed: bool = False) -> Callable[[int], float]:
     import baton
 
-    baton.init_store(url)
+    key, name = None, "bench"
+    if signed:  # a store that verifies identities: the worker is a registered principal and signs
+        from baton.adapters.bootstrap import register
+        from baton.domain.commands import AddPrincipal
+
+        operator = baton.SigningKey.read(os.environ[OPERATOR_KEY])  # the parent opened the registry with it
+        key, name = baton.SigningKey.generate(), f"bench-{uuid.uuid4().hex[:8]}"
+        assert register(url, operator, AddPrincipal(name, ("worker",), key.public_key)).verdict == "accepted"
+    else:
+        baton.init_store(url)
     ledger = baton.open_ledger(url)
     closers.append(ledger.close)
-    worker = baton.Worker(baton.Placement("bench", tool_contracts=("tool@1",)), baton.LedgerTransport(ledger), ledger)
+    placement = baton.Placement(name, tool_contracts=("tool@1",))
+    worker = baton.Worker(placement, baton.LedgerTransport(ledger), ledger, key=key)
 
     def run(steps: int) -> float:
         run_id = f"step-{uuid.uuid4().hex[:8]}"
@@ -129,11 +144,39 @@ def dbos_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int
     return run
 
 
+def signed_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+    return baton_contender(url, closers, signed=True)
+
+
 CONTENDERS: dict[str, Callable[[str, list[Callable[[], None]]], Callable[[int], float]]] = {
     "baton": baton_contender,
+    "baton-signed": signed_contender,
     "langgraph": langgraph_contender,
     "dbos": dbos_contender,
 }
+
+
+def signature_costs(n: int = 2000) -> tuple[float, float]:
+    """Seconds to sign one submission and to verify it (digest included), the median of five runs of ``n``."""
+    import baton
+    from baton.adapters.identity import verify_signature
+    from baton.domain.commands import RecordIntent
+
+    key = baton.SigningKey.generate()
+    context = baton.IntentContext(1, "tool", effect="read", arguments={"i": 1})
+    submission = baton.Submission("s-1", "run-1", "bench", RecordIntent("op-1", "pure", "tool@1", context, "k"), 1)
+    signed = key.sign(submission)
+    sign_runs, verify_runs = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(n):
+            key.sign(submission)
+        sign_runs.append((time.perf_counter() - started) / n)
+        started = time.perf_counter()
+        for _ in range(n):
+            verify_signature(key.public_key, signed)
+        verify_runs.append((time.perf_counter() - started) / n)
+    return statistics.median(sign_runs), statistics.median(verify_runs)
 
 
 def timed_alone(name: str, url: str, steps: int) -> dict[str, float]:
@@ -151,7 +194,9 @@ def timed_alone(name: str, url: str, steps: int) -> dict[str, float]:
 
 def in_child(name: str, url: str, steps: int) -> dict[str, float]:
     command = [sys.executable, __file__, "--child", name, "--url", url, "--steps", str(steps)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{name} failed:\n{done.stderr}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -168,8 +213,13 @@ def main() -> int:
         print(json.dumps(timed_alone(args.child, args.url, args.steps)))
         return 0
     info = machine_info()
-    with LocalPostgres() as server:
-        urls = {name: server.create_database(f"bench_step_{name}") for name in CONTENDERS}
+    with LocalPostgres() as server, tempfile.TemporaryDirectory() as keys:
+        urls = {name: server.create_database(f"bench_step_{name.replace('-', '_')}") for name in CONTENDERS}
+        import baton
+
+        operator = baton.SigningKey.generate()
+        os.environ[OPERATOR_KEY] = str(operator.write(Path(keys) / "operator.key"))
+        baton.init_store(urls["baton-signed"], operator_key=operator)
         times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
         cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
         names = list(CONTENDERS)
@@ -184,15 +234,19 @@ def main() -> int:
     cpus = {name: statistics.median(samples) * 1e3 for name, samples in cpu.items()}
     print("| | " + " | ".join(f"{k}: {v}" for k, v in info.items()) + " |\n")
     print(f"{args.steps} steps per run, {args.rounds} rounds, median ms per step\n")
-    print("| contender | ms/step | client CPU ms/step | peer / Baton | goal | met |")
-    print("|---|---|---|---|---|---|")
-    summary: dict[str, dict[str, float | bool | None]] = {"baton": {"ms": medians["baton"] * 1e3}}
-    print(f"| baton | {medians['baton'] * 1e3:.3f} | {cpus['baton']:.3f} | - | - | - |")
-    for name, goal in GOALS.items():
-        ratio = medians[name] / medians["baton"]
-        summary[name] = {"ms": medians[name] * 1e3, "ratio": ratio, "goal": goal, "met": ratio >= goal}
-        met = "yes" if ratio >= goal else "NO"
-        print(f"| {name} | {medians[name] * 1e3:.3f} | {cpus[name]:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {met} |")
+    print("| peer / contender | peer ms/step | contender ms/step | contender client CPU ms/step | ratio | goal | met |")
+    print("|---|---|---|---|---|---|---|")
+    summary: dict[str, dict[str, float | bool]] = {}
+    for baton_name in ("baton", "baton-signed"):
+        for peer, goal in GOALS.items():
+            ratio = medians[peer] / medians[baton_name]
+            summary[f"{peer}/{baton_name}"] = {"ratio": ratio, "goal": goal, "met": ratio >= goal}
+            print(
+                f"| {peer} / {baton_name} | {medians[peer] * 1e3:.3f} | {medians[baton_name] * 1e3:.3f} "
+                f"| {cpus[baton_name]:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {'yes' if ratio >= goal else 'NO'} |"
+            )
+    signing, verifying = signature_costs()
+    print(f"\nper submission, in this process: signing {signing * 1e6:.1f} us, verifying {verifying * 1e6:.1f} us")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "times": times, "summary": summary}, indent=2))
     return 0

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 
 import click
 
-from baton.adapters.bootstrap import open_ledger
+from baton.adapters.bootstrap import open_ledger, register
 from baton.adapters.cli.app import Failed
 from baton.adapters.cli.options import echo_json, json_option, store_option
-from baton.adapters.eventstore import RunLedger
 from baton.adapters.identity import SigningKey
-from baton.domain.commands import AddPrincipal, Command, RevokePrincipal, Submission
+from baton.domain.commands import AddPrincipal, Command, RevokePrincipal
 from baton.domain.events import ROLES
 from baton.domain.identity import REGISTRY_RUN
 
@@ -97,22 +95,9 @@ def listing(as_json: bool, store: str | None) -> int:
 
 
 def _submit(store: str | None, key_file: str, command: Command) -> int:
-    key = read_key(key_file)
-    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        name = _name_of(ledger, key)
-        submission = key.sign(Submission(f"{name}:{uuid.uuid4().hex}", REGISTRY_RUN, name, command))
-        verdict = ledger.submit(submission)
+    verdict = register(store, read_key(key_file), command)
     echo_json(verdict)
     return 0 if verdict.verdict != "rejected" else 1
-
-
-def _name_of(ledger: RunLedger, key: SigningKey) -> str:
-    """The principal whose key this is (the submission names it, the ledger checks it)."""
-    registry = ledger.state(REGISTRY_RUN)
-    if not registry.opened:
-        raise Failed("this store has no registry: run `baton store init --operator-key FILE` first")
-    found = next((p.name for p in registry.principals.values() if p.public_key == key.public_key), None)
-    return found if found is not None else "unknown"
 
 
 COMMANDS = (keys, principals)

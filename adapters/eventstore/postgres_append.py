@@ -90,19 +90,27 @@ def events_json(events: Sequence[StoredEvent]) -> str:
     return _json.encode(rows).decode()
 
 
-def one_run_append(schema: str, events_table: str) -> str:
+def one_run_append(schema: str, events_table: str, *, read_fence: bool = False) -> str:
     """The usual append (one submission's events on a run that exists, no riders) as one plain statement.
 
     The compare-and-set of the run row feeds the submission row and the events: when it misses, no
     row comes back and nothing is written. The append lock is taken before the run row is, as in
-    every other append, so two appends cannot wait on each other in opposite orders.
+    every other append, so two appends cannot wait on each other in opposite orders. With
+    ``read_fence``, a second run row (the principal registry's) must also still be as the decision
+    read it; it is share-locked, not written.
     """
+    read = (
+        "baton_read AS (SELECT 1 FROM {schema}.baton_runs, baton_lock WHERE run_id = %(read_run_id)s "
+        "AND head = %(read_head)s AND head_digest = %(read_head_digest)s FOR SHARE OF baton_runs), "
+        if read_fence
+        else ""
+    )
     statement = SQL(
-        "WITH baton_lock AS (SELECT " + APPEND_LOCK + "), "
-        "baton_fenced AS (UPDATE {schema}.baton_runs SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
+        "WITH baton_lock AS (SELECT " + APPEND_LOCK + "), " + read + "baton_fenced AS (UPDATE {schema}.baton_runs "
+        "SET head = %(new_head)s, head_digest = %(new_head_digest)s, "
         "epoch = %(new_epoch)s, holder = %(new_holder)s, expires_at = %(new_expires_at)s, stage = %(stage)s, "
-        "status = %(status)s FROM baton_lock WHERE run_id = %(run_id)s AND head = %(expected_head)s "
-        "AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
+        "status = %(status)s FROM " + ("baton_read" if read_fence else "baton_lock") + " WHERE run_id = %(run_id)s "
+        "AND head = %(expected_head)s AND head_digest = %(expected_head_digest)s AND epoch = %(expected_epoch)s "
         "AND holder IS NOT DISTINCT FROM %(expected_holder)s RETURNING run_id), "
         "baton_submitted AS (INSERT INTO {schema}.baton_submissions (submission_id, run_id, content_digest, position) "
         "SELECT %(submission_id)s, run_id, %(content_digest)s, %(position)s FROM baton_fenced) "
@@ -114,10 +122,19 @@ def one_run_append(schema: str, events_table: str) -> str:
     return statement.format(schema=Identifier(schema), table=Identifier(events_table)).as_string(None)
 
 
-def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[StoredEvent]) -> dict[str, Any] | None:
-    """The parameters of ``one_run_append``, or None when the append is not one it can write."""
-    if fence.expected_head == 0 or submission.run_id != fence.run_id:
+def one_run_params(
+    fences: Sequence[Fence], submissions: Sequence[SubmissionRow], events: Sequence[StoredEvent]
+) -> dict[str, Any] | None:
+    """The parameters of ``one_run_append``, or None when the append is not one it can write: one
+    submission, the fence of its run, and at most one more fence that changes nothing (a read)."""
+    if len(submissions) != 1 or not 1 <= len(fences) <= 2:
+        return None
+    submission = submissions[0]
+    fence, *reads = sorted(fences, key=lambda f: f.run_id != submission.run_id)
+    if fence.run_id != submission.run_id or fence.expected_head == 0:
         return None  # a new run's row is inserted, not compare-and-set: ``append_call`` does that
+    if any(not _unchanged(read) for read in reads):
+        return None
     if not events or any(e.originator_id != fence.run_id for e in events):
         return None
     params: dict[str, Any] = msgspec.structs.asdict(fence)
@@ -127,7 +144,19 @@ def one_run_params(fence: Fence, submission: SubmissionRow, events: Sequence[Sto
         position=submission.position,
         events=events_json(events),
     )
+    for read in reads:
+        params.update(read_run_id=read.run_id, read_head=read.expected_head, read_head_digest=read.expected_head_digest)
     return params
+
+
+def _unchanged(fence: Fence) -> bool:
+    """A fence that expects a run row and writes it back as it was: a read the append depends on."""
+    return (fence.expected_head, fence.expected_head_digest, fence.expected_epoch, fence.expected_holder) == (
+        fence.new_head,
+        fence.new_head_digest,
+        fence.new_epoch,
+        fence.new_holder,
+    )
 
 
 def fences_json(fences: Sequence[Fence]) -> str | None:

@@ -75,6 +75,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.lock_table_statements = []
         self.append_call = append_call(self.datastore.schema)
         self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
+        self.one_run_read_append = one_run_append(self.datastore.schema, self.events_table_name, read_fence=True)
 
     def create_table(self) -> None:
         """What the library calls under ``CREATE_TABLE=y``: apply the migrations."""
@@ -102,11 +103,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
                 notification_ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
                 return notification_ids
             fences, submissions = kwargs.get("fences", ()), kwargs.get("submissions", ())
-            one = (
-                one_run_params(fences[0], submissions[0], stored_events)
-                if len(fences) == len(submissions) == 1
-                else None
-            )
+            one = one_run_params(fences, submissions, stored_events)
             if one is not None:
                 return self._append_one_run(one)
             params = append_params(fences, submissions, stored_events, self.channel_name)
@@ -121,7 +118,8 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
     def _append_one_run(self, params: dict[str, Any]) -> list[int]:
         """The usual append in one plain statement; no row back means the fence missed."""
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self.one_run_append, params, prepare=True)
+            statement = self.one_run_read_append if "read_run_id" in params else self.one_run_append
+            curs.execute(statement, params, prepare=True)
             ids = [row["notification_id"] for row in curs.fetchall()]
         if not ids:
             row = self.select_run(params["run_id"])
