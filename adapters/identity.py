@@ -65,10 +65,12 @@ class SigningKey:
         return msgspec.structs.replace(named, signature=base64.b64encode(signature).decode())
 
 
-def verify_signature(public_key: str, submission: Submission) -> None:
-    """Raise ``BadSignature`` unless ``submission.signature`` verifies with ``public_key``."""
-    if not _verifies(public_key, submission.signature, signed_digest(submission)):
+def verify_signature(public_key: str, submission: Submission) -> str:
+    """The submission's ``signed_digest``; ``BadSignature`` unless its signature verifies with ``public_key``."""
+    digest = signed_digest(submission)
+    if not _verifies(public_key, submission.signature, digest):
         raise errors.BadSignature(f"the signature of {submission.submission_id!r} does not verify")
+    return digest
 
 
 def _verifies(public_key: str, signature: str, digest: str) -> bool:

@@ -80,11 +80,17 @@ def seal_stored(
     epoch: int,
     bodies: Sequence[Event],
     now: int,
+    *,
+    signed: str | None = None,
 ) -> list[tuple[RecordedEvent, bytes]]:
     """``seal``, with each envelope's stored form: its canonical bytes, encoded once, give both its
-    digest and the bytes the store keeps."""
+    digest and the bytes the store keeps. ``signed`` is the submission's ``signed_digest`` when the
+    caller has computed it already (verifying its signature); it is computed here otherwise."""
     worker, submission_id, signature = submission.worker, submission.submission_id, submission.signature
-    signed = signed_digest(submission) if signature else ""
+    if not signature:
+        signed = ""
+    elif signed is None:
+        signed = signed_digest(submission)
     sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
     for offset, body in enumerate(bodies, start=1):

@@ -212,7 +212,7 @@ class WritePath:
         for submission in batch:
             state = working[submission.run_id]
             try:
-                _authenticate(working.get(REGISTRY_RUN, registry), state, submission)
+                signed = _authenticate(working.get(REGISTRY_RUN, registry), state, submission)
                 bodies = decide(state, submission, now)
             except errors.Rejection as rejection:
                 if all_or_nothing or not refresh:
@@ -220,7 +220,7 @@ class WritePath:
                 return [self._after_rejection(submission, rejection)]
             epoch = envelope_epoch(state, submission, bodies)
             for recorded, stored in seal_stored(
-                state.run_id, state.version, state.head_digest, submission, epoch, bodies, now
+                state.run_id, state.version, state.head_digest, submission, epoch, bodies, now, signed=signed
             ):
                 apply(state, recorded)
                 pending.append(StoredRunEvent.of(recorded, stored))
@@ -268,13 +268,14 @@ def _opened(registry: RunState) -> RunState | None:
     return registry if registry.opened else None
 
 
-def _authenticate(registry: RunState | None, state: RunState, submission: Submission) -> None:
-    """Who sent ``submission``, proven by its signature, and whether their roles allow it (else a rejection)."""
+def _authenticate(registry: RunState | None, state: RunState, submission: Submission) -> str | None:
+    """Who sent ``submission``, proven by its signature, and whether their roles allow it (else a
+    rejection); the signed digest, once verified (None: nothing verified)."""
     key = identity.identify(registry, submission)
-    if key is not None:
-        verify_signature(key, submission)
+    signed = verify_signature(key, submission) if key is not None else None
     holder = registry.principals.get(state.holder) if registry is not None and state.holder else None
     identity.require_role(registry, submission, holder.public_key if holder is not None else None)
+    return signed
 
 
 def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpoch:
