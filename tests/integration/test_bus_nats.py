@@ -31,12 +31,14 @@ from bus_support import (
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from baton.adapters.bootstrap import open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger, register
 from baton.adapters.bus import NatsBus, NatsOptions
 from baton.adapters.bus.nats_app import REPLY_HEADER, durable_subject, partition_mapping
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.identity import SigningKey
 from baton.adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
-from baton.domain.commands import ExpireLease, Submission, Verdict
+from baton.domain.commands import AddPrincipal, ExpireLease, OpenRun, Submission, Verdict
+from baton.domain.events import BlobRef
 from tests.support.local_servers import LocalNats
 
 pytestmark = pytest.mark.timeout(120)
@@ -349,3 +351,23 @@ def test_partitioned_services_each_answer_every_request_of_their_runs(bus_store_
 
     with LocalNats(mappings=partition_mapping(4)) as server:
         run(scenario(server.url))
+
+
+def test_the_service_verifies_signatures_as_the_ledger_does(postgres_url: str, nats_url: str) -> None:
+    """Given a signed store served on the bus, when a signed submission and a forged one arrive, then
+    the first is accepted and the forged one (another's key) refused, with nothing stored for it."""
+    operator, alice, bob = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    init_store(postgres_url, operator_key=operator)
+    for name, key in (("alice", alice), ("bob", bob)):
+        assert register(postgres_url, operator, AddPrincipal(name, ("worker",), key.public_key)).verdict == "accepted"
+    opening = Submission("s-1", "r1", "alice", OpenRun("rel-1", "agent", 1, BlobRef("sha256:" + "ab" * 32, 11)))
+
+    async def scenario() -> None:
+        async with serving(postgres_url, nats_url) as (_, ledger), client(nats_url) as nc:
+            forged = await request(nc, msgspec.structs.replace(bob.sign(opening), worker="alice"))
+            assert (forged.verdict, forged.reason) == ("rejected", "principal_mismatch")
+            assert event_count(ledger, "r1") == 0
+            signed = await request(nc, alice.sign(opening))
+            assert signed.verdict == "accepted", signed
+
+    run(scenario())

