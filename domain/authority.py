@@ -105,7 +105,9 @@ def revoke(state: RunState, command: RevokeAuthority) -> AuthorityRevoked:
     return AuthorityRevoked(command.grant_id, command.reason)
 
 
-def record_evidence(command: RecordEvidence) -> EvidenceRecorded:
+def record_evidence(state: RunState, submission: Submission, command: RecordEvidence) -> EvidenceRecorded:
+    """A verifier's verdict on an artifact: never the lease holder's about its own work."""
+    _not_the_holder(state, submission, "record verifier evidence for")
     return EvidenceRecorded(
         command.evidence_id,
         command.artifact_digest,

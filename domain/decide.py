@@ -58,6 +58,7 @@ __all__ = [
     "MAX_LIST_ITEMS",
     "MAX_TEXT_LENGTH",
     "MAX_TTL_MS",
+    "UNFENCED_COMMANDS",
     "context_digest",
     "decide",
     "envelope_epoch",
@@ -121,8 +122,6 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
     if isinstance(command, AbortHandoff):
         return handoff.abort(state, command)
-    if isinstance(command, RecordEvidence):
-        return [authority.record_evidence(command)]
     if isinstance(command, SealCheckpoint):
         operations.require_settled(state, "seal a checkpoint")
         return [CheckpointSealed(command.checkpoint_id, state.stage, command.state_digest, command.state_ref)]
@@ -139,9 +138,10 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     raise errors.Malformed(msg)  # pragma: no cover
 
 
-_FromAuthority = GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval
-_FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval)
+_FromAuthority = GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval | RecordEvidence
+_FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval, RecordEvidence)
 _UNFENCED = (OpenRun, PurgeThread, AcquireLease, ExpireLease, *_FROM_AUTHORITIES)
+UNFENCED_COMMANDS = _UNFENCED  # their sender need not hold the lease (the write path names a lost race by it)
 _WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
 
 
@@ -174,13 +174,15 @@ def _require_run(state: RunState, submission: Submission, *, closed: bool = Fals
 
 
 def _from_authority(state: RunState, submission: Submission, command: _FromAuthority, now: int) -> Event:
-    """Grants and approvals come from someone other than the holder, so they are not fenced."""
+    """Grants, approvals and verifier evidence come from someone other than the holder, so they are not fenced."""
     if isinstance(command, GrantAuthority):
         return authority.grant(state, submission, command, now)
     if isinstance(command, RevokeAuthority):
         return authority.revoke(state, command)
     if isinstance(command, GrantApproval):
         return authority.approve(state, submission, command, now)
+    if isinstance(command, RecordEvidence):
+        return authority.record_evidence(state, submission, command)
     return authority.deny(state, submission, command)
 
 

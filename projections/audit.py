@@ -132,7 +132,7 @@ RULES: dict[type[Any], tuple[Rule, ...]] = {
     CheckpointSealed: (*_WORK, run.checkpoint),
     AuthorityGranted: (authority.authority_granted,),
     AuthorityRevoked: (authority.authority_revoked,),
-    EvidenceRecorded: (*_WORK, authority.evidence),
+    EvidenceRecorded: (authority.evidence,),  # a verifier's: no lease
     ApprovalGranted: (authority.approval_granted,),
     ApprovalDenied: (authority.approval_denied,),
     HandoffPrepared: (*_WORK, handoff.prepared),

@@ -67,6 +67,8 @@ def approval_denied(s: AuditState, e: RecordedEvent) -> None:
 
 def evidence(s: AuditState, e: RecordedEvent) -> None:
     body: EvidenceRecorded = e.body  # type: ignore[assignment]
+    if _from_holder(s, e):  # a verifier's verdict, never the holder's on its own work
+        return
     record = Evidence(body.evidence_id, body.workspace_snapshot, body.environment, body.verdict)
     s.evidence[body.artifact_digest] = record
 

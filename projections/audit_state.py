@@ -70,7 +70,7 @@ CODES: dict[str, str] = {
     "second_successor": "a handoff accepted again, or accepted with none prepared: a second successor",
     # authority, approvals and evidence
     "grant_unbound": "an authority grant for a worker and epoch other than the live lease's",
-    "self_authorization": "a grant or an approval decision from the lease holder itself",
+    "self_authorization": "a grant, an approval decision or verifier evidence from the lease holder itself",
     "authority_missing": "an effect naming a grant not live for its worker and epoch, or a revocation of none",
     "approval_mismatch": "an effect committing a proposal without an unexpired approval for exactly its digest",
     "reverification_required": "an effect committing a proposal without passing evidence in its workspace and release",

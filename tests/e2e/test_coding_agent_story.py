@@ -1,13 +1,16 @@
 """The coding-agent story, end to end on real stores (SQLite and the embedded PostgreSQL).
 
-Worker w1 reads commit A, writes patch P, runs the tests in workspace W, records verifier evidence V
-and gets approval for exactly hash(P); it is lost before committing. Worker w2 takes the lease,
-replays what was recorded without calling the outside world, needs fresh authority of its own, and
-commits P exactly once. w1's late commit is refused, and committing anything but P is refused.
+Worker w1 reads commit A, writes patch P, runs the tests in workspace W; the verifier ci records
+evidence V and the approver alice approves exactly hash(P); w1 is lost before committing. Worker w2
+takes the lease, replays what was recorded without calling the outside world, needs fresh authority
+of its own, and commits P exactly once. w1's late commit is refused, and committing anything but P
+is refused. Every principal is registered and signs: the store verifies identities, and the audit
+checks every signature.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +18,14 @@ from typing import Any
 import pytest
 
 from baton.adapters import handoff
-from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.audit_runner import audit_store
+from baton.adapters.bootstrap import init_store, open_ledger, register
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.identity import SigningKey
 from baton.domain.commands import (
     AcquireLease,
+    AddPrincipal,
     GrantApproval,
     GrantAuthority,
     OpenRun,
@@ -32,7 +38,7 @@ from baton.domain.commands import (
     Verdict,
 )
 from baton.domain.decide import context_digest
-from baton.domain.events import BlobRef, IntentContext, Placement
+from baton.domain.events import BlobRef, IntentContext, Placement, Role
 from baton.domain.stages import Stage
 from baton.projections.audit import audit_events
 from baton.projections.resumability import ResumabilityClass, classify, summary_of
@@ -54,11 +60,25 @@ class Host:
         return {"commit": "A"} if op_id == "read" else {"ok": op_id}
 
 
+PRINCIPALS: dict[str, tuple[Role, ...]] = {
+    "w1": ("worker",),
+    "w2": ("worker",),
+    "alice": ("approver",),
+    "ci": ("verifier",),
+}
+KEYS: dict[str, SigningKey] = {}
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunLedger]:
     url = f"sqlite:///{tmp_path / 'story.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    init_store(url)
-    opened = open_ledger(url, clock=ManualClock())
+    KEYS["operator"] = SigningKey.generate()
+    init_store(url, operator_key=KEYS["operator"])
+    for name, roles in PRINCIPALS.items():
+        KEYS[name] = SigningKey.generate()
+        assert register(url, KEYS["operator"], AddPrincipal(name, roles, KEYS[name].public_key)).verdict == "accepted"
+    # the story's clock starts after the registry's events, which the store's own clock stamped
+    opened = open_ledger(url, clock=ManualClock(time.time_ns() // 1000 + 1_000_000))
     yield opened
     opened.close()
 
@@ -70,8 +90,10 @@ class Worker:
 
     def submit(self, command: Any, *, epoch: int | None = None) -> Verdict:
         self.n += 1
-        sid = f"{self.name}-{self.n}"
-        return self.ledger.submit(Submission(sid, RUN, self.name, command, self.epoch if epoch is None else epoch))
+        submission = Submission(
+            f"{self.name}-{self.n}", RUN, self.name, command, self.epoch if epoch is None else epoch
+        )
+        return self.ledger.submit(KEYS[self.name].sign(submission))
 
     def ok(self, command: Any) -> Verdict:
         verdict = self.submit(command)
@@ -98,10 +120,20 @@ def commit_context(proposal: str, grant: str) -> IntentContext:
     return IntentContext(5, "git_push", effect="write", authorization=grant, state_digest=W, proposal_digest=proposal)
 
 
+def verified_and_approved(holder: Worker, verifier: Worker, approver: Worker) -> None:
+    """Evidence from the verifier and an approval for exactly P; the holder can vouch for neither."""
+    own = holder.submit(RecordEvidence("V", P, W, "rel-1", "pass"))
+    assert (own.verdict, own.reason) == ("rejected", "role_not_allowed")
+    verifier.ok(RecordEvidence("V", P, W, "rel-1", "pass"))
+    holder.move(Stage.VERIFIED, Stage.AWAITING_AUTHORITY)
+    approver.ok(GrantApproval("approval-1", P))
+
+
 def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: RunLedger) -> None:
     """Given w1 lost before its approved commit, when w2 resumes, then P is committed once, by w2, with
     w2's own authority; w1's late commit and a commit of P' are refused and store nothing."""
     host, operator, approver = Host(), Worker(ledger, "operator", Host()), Worker(ledger, "alice", Host())
+    verifier = Worker(ledger, "ci", Host())
     w1, w2 = Worker(ledger, "w1", host), Worker(ledger, "w2", host)
     w1.ok(OpenRun("rel-1", "coding-agent", 1, BlobRef("sha256:" + "cc" * 32, 10)))
     w1.lease()
@@ -112,9 +144,7 @@ def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: Run
     w1.effect("patch", "editor@1", IntentContext(2, "write_patch", effect="write", proposal_digest=""))
     w1.move(Stage.VERIFYING)
     w1.effect("tests", "pytest@1", IntentContext(3, "run_tests", effect="read", state_digest=W))
-    w1.ok(RecordEvidence("V", P, W, "rel-1", "pass"))
-    w1.move(Stage.VERIFIED, Stage.AWAITING_AUTHORITY)
-    approver.ok(GrantApproval("approval-1", P))
+    verified_and_approved(w1, verifier, approver)
     w1.move(Stage.AUTHORIZED)
     calls_before_loss = list(host.calls)
 
@@ -155,3 +185,4 @@ def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: Run
     assert (final.stage, final.epoch, final.holder) == (Stage.COMMITTED, 2, "w2")
     assert ledger.verify(RUN).events == final.version
     assert audit_events(RUN, list(ledger.history(RUN))) == []  # the auditor finds the whole story lawful
+    assert audit_store(ledger).problems == []  # ... and every event signed by its registered author

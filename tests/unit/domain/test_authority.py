@@ -20,6 +20,7 @@ from baton.domain.events import AuthorityGranted, IntentContext
 from .given import W1, W2, History, given, intent, placement, seconds
 
 OPERATOR = "operator"
+VERIFIER = "ci"
 P = "sha256:" + "aa" * 32
 WORKSPACE = "sha256:" + "bb" * 32
 
@@ -32,7 +33,7 @@ def committing(proposal: str = P, grant: str = "", workspace: str = WORKSPACE) -
 def approved() -> History:
     """W1 holds epoch 1; P has passing evidence in WORKSPACE under release rel-1 and an approval."""
     history = given().opened().leased(W1)
-    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"))
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
     history.record(GrantApproval("a-1", P), worker=OPERATOR)
     return history
 
@@ -99,7 +100,7 @@ def test_a_changed_binding_needs_verifying_or_approving_again(change: str, reaso
 def test_evidence_from_another_release_requires_reverification() -> None:
     """Evidence that ran under another release does not vouch for this run's release."""
     history = given().opened().leased(W1)
-    history.record(RecordEvidence("V", P, WORKSPACE, "rel-0", "pass"))
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-0", "pass"), worker=VERIFIER)
     history.record(GrantApproval("a-1", P), worker=OPERATOR)
 
     assert history.rejects(committing()).reason == "reverification_required"
@@ -127,3 +128,10 @@ def test_gate_allows_only_the_live_epoch_with_an_open_intent_and_live_authority(
     assert gate(history.state, W1, 1, "d", history.now).reason == "authority_missing"
     history.advance(seconds(31))
     assert gate(history.state, W1, 1, "d", history.now).reason == "lease_expired"
+
+
+def test_verifier_evidence_from_the_lease_holder_is_refused() -> None:
+    """The holder cannot vouch for its own work: evidence is a verifier's."""
+    history = given().opened().leased(W1)
+
+    assert history.rejects(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass")).reason == "self_authorization"

@@ -28,6 +28,7 @@ from baton.domain.events import (
     BlobRef,
     CheckpointRecorded,
     Event,
+    EvidenceRecorded,
     IntentReconciled,
     IntentRecorded,
     LeaseExpired,
@@ -370,6 +371,7 @@ UNFENCED = {
     AuthorityRevoked,
     ApprovalGranted,
     ApprovalDenied,
+    EvidenceRecorded,
     ThreadPurged,
 }
 REGISTRY = {RegistryOpened, PrincipalAdded, PrincipalRolesChanged, PrincipalRevoked}  # an operator's, no lease

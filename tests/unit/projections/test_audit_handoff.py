@@ -51,6 +51,7 @@ from ..domain.given import RUN, W1, W2, W3, History, given, placement, seconds
 
 OPERATOR = "operator"
 APPROVER = "alice"
+VERIFIER = "ci"
 STATE: dict[str, Any] = {"goal": "fix the flaky retry", "candidates": []}
 P = "sha256:" + "aa" * 32  # the proposal (patch) digest
 P2 = "sha256:" + "cc" * 32
@@ -193,7 +194,7 @@ def authorized() -> History:
     """W1 holds epoch 1 with a grant from the operator, passing evidence for P in WORKSPACE and an approval for P."""
     history = given().opened().leased(W1)
     history.record(GrantAuthority("g1", "cap://git#push", W1, 1, ttl_ms=20_000), worker=OPERATOR)
-    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"))
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
     history.record(GrantApproval("a-1", P), worker=APPROVER)
     return history
 
@@ -318,7 +319,7 @@ def test_a_grant_or_approval_from_the_holder_is_self_authorization_and_authorize
     self_authorization at both, and the effect relying on them is authority_missing (the first of the domain's
     checks that fails, as ``domain.authority.require_authority`` is the rule the audit applies)."""
     history = given().opened().leased(W1)
-    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"))
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
     body = commit_body("commit")
     grant = forge(history, AuthorityGranted("g1", "cap://git#push", W1, 1, W1))
     approval = forge(history, ApprovalGranted("a-1", P, W1, "commit", history.now + seconds(60)))
@@ -362,7 +363,7 @@ def test_a_commit_of_an_unapproved_or_unverified_proposal_is_found() -> None:
     moved = forge(history, commit_body("c-2", workspace="sha256:" + "dd" * 32))
     released = given().opened().leased(W1)
     released.record(GrantAuthority("g1", "cap://git#push", W1, 1), worker=OPERATOR)
-    released.record(RecordEvidence("V", P, WORKSPACE, "rel-0", "pass"))
+    released.record(RecordEvidence("V", P, WORKSPACE, "rel-0", "pass"), worker=VERIFIER)
     released.record(GrantApproval("a-1", P), worker=APPROVER)
     elsewhere = forge(released, commit_body("c-3"))
 
@@ -373,9 +374,11 @@ def test_a_commit_of_an_unapproved_or_unverified_proposal_is_found() -> None:
     assert audited(released.log) == {(elsewhere, "reverification_required")}
 
 
-def test_evidence_is_fenced() -> None:
-    """Given W1 holding the lease, when evidence from W3 is stored, then not_lease_holder."""
+def test_evidence_is_a_verifiers_never_the_holders() -> None:
+    """Given W1 holding the lease, when evidence from W3 and then from W1 itself is stored, then only
+    the holder's is found, as self_authorization."""
     history = given().opened().leased(W1)
-    at = forge(history, EvidenceRecorded("V", P, WORKSPACE, "rel-1", "pass"), worker=W3)
+    forge(history, EvidenceRecorded("V", P, WORKSPACE, "rel-1", "pass"), worker=W3)
+    at = forge(history, EvidenceRecorded("V2", P, WORKSPACE, "rel-1", "pass"), worker=W1)
 
-    assert audited(history.log) == {(at, "not_lease_holder")}
+    assert audited(history.log) == {(at, "self_authorization")}
