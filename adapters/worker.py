@@ -46,7 +46,7 @@ from baton.domain.commands import (
     Verdict,
 )
 from baton.domain.decide import context_digest
-from baton.domain.events import BlobRef, IntentContext, Placement
+from baton.domain.events import BlobRef, IntentContext, Placement, RunPolicy
 from baton.domain.handoff_document import decode_document, document_digest, state_bytes, state_digest_of
 from baton.domain.stages import Stage
 from baton.projections.replay import ReplayCursor
@@ -56,6 +56,7 @@ __all__ = ["LedgerTransport", "NatsTransport", "Resumed", "Transport", "Worker",
 
 _submission_encoder = msgspec.json.Encoder()
 _UNBOUNDED = Ceilings()
+_NO_POLICY = RunPolicy()
 _NOTHING = Usage()
 
 
@@ -193,10 +194,12 @@ class Worker:
         schema: tuple[str, int],
         state: dict[str, Any],
         ceilings: Ceilings = _UNBOUNDED,
+        policy: RunPolicy = _NO_POLICY,
     ) -> None:
-        """Open a run whose initial task state is ``state`` (bound by its digest) under ``schema`` (name, version)."""
+        """Open a run whose initial task state is ``state`` (bound by its digest) under ``schema`` (name,
+        version); ``policy`` says which effects need an approval and evidence (docs/identity.md)."""
         task = BlobRef(state_digest_of(state), len(state_bytes(state)))
-        self.submit(run_id, OpenRun(release_id, schema[0], schema[1], task, ceilings), epoch=0)
+        self.submit(run_id, OpenRun(release_id, schema[0], schema[1], task, ceilings, policy), epoch=0)
 
     def acquire(self, run_id: str) -> int:
         self.submit(run_id, AcquireLease(self.placement, self.ttl_ms), epoch=0)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from baton.domain.budgets import Ceilings, Usage
     from baton.domain.commands import Submission, Verdict
     from baton.domain.errors import BatonError, ConcurrencyConflict, Rejection, StoreUnavailable
-    from baton.domain.events import IntentContext, Placement
+    from baton.domain.events import IntentContext, Placement, RunPolicy
     from baton.domain.stages import Stage
 
 # Each name is imported when first used, so ``import baton.domain`` stays free of I/O libraries
@@ -39,6 +39,7 @@ _HOME = {
     "Usage": "baton.domain.budgets",
     "Placement": "baton.domain.events",
     "IntentContext": "baton.domain.events",
+    "RunPolicy": "baton.domain.events",
     "Stage": "baton.domain.stages",
     "Submission": "baton.domain.commands",
     "Verdict": "baton.domain.commands",
@@ -62,6 +63,7 @@ __all__ = [
     "Usage",
     "Placement",
     "IntentContext",
+    "RunPolicy",
     "Stage",
     "Submission",
     "Verdict",

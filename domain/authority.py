@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -33,6 +34,7 @@ from baton.domain.events import (
     AuthorityRevoked,
     EvidenceRecorded,
     IntentContext,
+    RunPolicy,
 )
 from baton.domain.state import Approval, Evidence, Grant, RunState, intended
 
@@ -45,6 +47,7 @@ __all__ = [
     "grant",
     "record_evidence",
     "require_authority",
+    "require_policy",
     "revoke",
 ]
 
@@ -64,6 +67,8 @@ class AuthorityView(Protocol):
     def approvals(self) -> Mapping[str, Approval]: ...
     @property
     def evidence(self) -> Mapping[str, Evidence]: ...
+    @property
+    def policy(self) -> RunPolicy: ...
 
 
 class GateDecision(msgspec.Struct, frozen=True):
@@ -163,6 +168,32 @@ def require_authority(state: AuthorityView, worker: str, context: IntentContext,
             f"the run executes release {environment!r}: verify again"
         )
         raise errors.ReverificationRequired(msg)
+
+
+def require_policy(state: AuthorityView, tool_contract: str, context: IntentContext, now: int) -> None:
+    """What the run's policy needs of an effect under ``tool_contract``: it names the proposal it
+    commits, and a live approval of, and passing evidence for, exactly that proposal exist
+    (``ApprovalMissing``, ``EvidenceMissing``). Whether they bind the workspace and release is
+    ``require_authority``'s to say."""
+    policy = state.policy
+    needs_approval = any(fnmatch.fnmatchcase(tool_contract, p) for p in policy.approval_required)
+    needs_evidence = any(fnmatch.fnmatchcase(tool_contract, p) for p in policy.evidence_required)
+    proposal = context.proposal_digest
+    if needs_approval:
+        approval = state.approvals.get(proposal) if proposal else None
+        if approval is None or now >= approval.expires_at:
+            msg = f"the run's policy needs an approval of the proposal this {tool_contract} effect commits"
+            raise errors.ApprovalMissing(msg + ("" if proposal else ": name it in context.proposal_digest"))
+        if policy.approvals == "epoch" and approval.epoch != state.epoch:
+            msg = f"approval {approval.approval_id!r} was granted at epoch {approval.epoch}; the policy binds it there"
+            raise errors.ApprovalMissing(msg)
+    if needs_evidence:
+        evidence = state.evidence.get(proposal) if proposal else None
+        if evidence is None or evidence.verdict != "pass":
+            msg = (
+                f"the run's policy needs passing verifier evidence of the proposal this {tool_contract} effect commits"
+            )
+            raise errors.EvidenceMissing(msg + ("" if proposal else ": name it in context.proposal_digest"))
 
 
 def gate(state: RunState, worker: str, epoch: int, op_id: str, now: int) -> GateDecision:

@@ -12,10 +12,11 @@ from typing import Any, Literal
 import msgspec
 
 from baton.domain.budgets import Ceilings, Usage
-from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, Role
+from baton.domain.events import BlobRef, ChannelWrite, FailureReason, IntentContext, Placement, Role, RunPolicy
 from baton.domain.stages import Stage
 
 __all__ = [
+    "ADDED_FIELDS",
     "AbortHandoff",
     "AcceptHandoff",
     "AcquireLease",
@@ -65,6 +66,7 @@ class OpenRun(_Command, tag="open_run", frozen=True):
     schema_version: int
     task_ref: BlobRef
     ceilings: Ceilings = Ceilings()
+    policy: RunPolicy = RunPolicy()  # added later: see ``ADDED_FIELDS``
 
 
 class AcquireLease(_Command, tag="acquire_lease", frozen=True):
@@ -307,6 +309,11 @@ Command = (
     | ChangeRoles
     | RevokePrincipal
 )
+
+
+# Fields added to a command after submissions without them were stored: while at their default they
+# are left out of a submission's content digest, so a retry from an older client is still a duplicate.
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"open_run": ("policy",)}
 
 
 class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):

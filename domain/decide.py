@@ -40,9 +40,11 @@ from baton.domain.events import (
     LeaseGranted,
     LeaseReleased,
     LeaseRenewed,
+    PolicySet,
     RunCompleted,
     RunFailed,
     RunOpened,
+    RunPolicy,
     StageReserved,
     TransitionRecorded,
 )
@@ -99,6 +101,7 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
         raise errors.HandoffPending(msg)
     if isinstance(command, RecordIntent):
         if command.kind == "effect":
+            authority.require_policy(state, command.tool_contract, command.context, now)
             authority.require_authority(state, submission.worker, command.context, now)
         return [operations.intent(state, command)]
     if isinstance(command, RecordObservation):
@@ -153,7 +156,7 @@ def _unfenced(
 ) -> list[Event]:
     """Commands whose sender need not hold the lease: to open, erase, take over, or grant."""
     if isinstance(command, OpenRun):
-        return [_open(state, command)]
+        return _open(state, command)
     if isinstance(command, PurgeThread):  # erasure is an operator's duty, also on a closed run
         _require_run(state, submission, closed=True)
         return threads.decide_purge(state, command)
@@ -193,15 +196,17 @@ def _ttl_us(ttl_ms: int) -> int:
     return ttl_ms * 1000
 
 
-def _open(state: RunState, command: OpenRun) -> RunOpened:
+def _open(state: RunState, command: OpenRun) -> list[Event]:
     if state.opened:
         raise errors.RunAlreadyExists(f"run {state.run_id!r} already exists")
     command.ceilings.validate()
     if command.schema_version < 0:
         raise errors.Malformed("schema_version cannot be negative")
-    return RunOpened(
+    opened = RunOpened(
         command.release_id, command.schema_name, command.schema_version, command.task_ref, command.ceilings
     )
+    # a run without a policy opens with one event, as runs did before policies
+    return [opened] if command.policy == RunPolicy() else [opened, PolicySet(command.policy)]
 
 
 def _acquire(state: RunState, submission: Submission, command: AcquireLease, now: int) -> list[Event]:

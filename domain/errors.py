@@ -59,6 +59,9 @@ __all__ = [
     "PrincipalMismatch",
     "RoleNotAllowed",
     "SelfApproval",
+    # run policy
+    "ApprovalMissing",
+    "EvidenceMissing",
 ]
 
 
@@ -340,3 +343,15 @@ class SelfApproval(Rejection):
     """An approval or verifier evidence from the lease holder (or a principal sharing its key)."""
 
     reason = "self_approval"
+
+
+class ApprovalMissing(Rejection):
+    """The run's policy needs an approval of exactly the proposal this effect commits, and none is live."""
+
+    reason = "approval_missing"
+
+
+class EvidenceMissing(Rejection):
+    """The run's policy needs passing verifier evidence of exactly the proposal this effect commits."""
+
+    reason = "evidence_missing"

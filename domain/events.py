@@ -56,7 +56,9 @@ __all__ = [
     "ThreadPruned",
     "ThreadPurged",
     "WritesRecorded",
-    # the principal registry (domain/identity.py)
+    # run policy and the principal registry (domain/identity.py)
+    "PolicySet",
+    "RunPolicy",
     "ROLES",
     "PrincipalAdded",
     "PrincipalRevoked",
@@ -349,6 +351,23 @@ class ThreadPurged(_Event, tag=True, frozen=True):
     blobs_digest: str
 
 
+class RunPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """What a run's effects need, by tool contract (``fnmatch`` patterns such as ``git@*``): an approval
+    for, and passing verifier evidence of, exactly the proposal an effect commits. ``approvals``:
+    ``artifact`` (an approval of P stays valid for P after a takeover) or ``epoch`` (it ends with the
+    holder's epoch, as grants do)."""
+
+    approval_required: tuple[str, ...] = ()
+    evidence_required: tuple[str, ...] = ()
+    approvals: Literal["artifact", "epoch"] = "artifact"
+
+
+class PolicySet(_Event, tag=True, frozen=True):
+    """The run's policy, recorded right after ``RunOpened`` when it opens with one."""
+
+    policy: RunPolicy
+
+
 class RegistryOpened(_Event, tag=True, frozen=True):
     """The registry's first event: whether the store verifies signatures, and its first operator."""
 
@@ -400,6 +419,7 @@ Event = (
     | CheckpointsHidden
     | ThreadPruned
     | ThreadPurged
+    | PolicySet
     | RegistryOpened
     | PrincipalAdded
     | PrincipalRolesChanged
@@ -436,6 +456,7 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         CheckpointsHidden,
         ThreadPruned,
         ThreadPurged,
+        PolicySet,
         RegistryOpened,
         PrincipalAdded,
         PrincipalRolesChanged,

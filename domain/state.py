@@ -32,6 +32,7 @@ from baton.domain.events import (
     LeaseRenewed,
     ObservationRecorded,
     Placement,
+    PolicySet,
     PrincipalAdded,
     PrincipalRevoked,
     PrincipalRolesChanged,
@@ -41,6 +42,7 @@ from baton.domain.events import (
     RunCompleted,
     RunFailed,
     RunOpened,
+    RunPolicy,
     StageReserved,
     TransitionRecorded,
 )
@@ -101,6 +103,7 @@ class Approval(msgspec.Struct, frozen=True):
     approver: str
     scope: str
     expires_at: int
+    epoch: int = 0  # the run's epoch when it was granted (a policy may bind approvals to it)
 
 
 class Evidence(msgspec.Struct, frozen=True):
@@ -128,6 +131,7 @@ class RunState(msgspec.Struct):
     schema_name: str = ""
     schema_version: int = 0
     ceilings: Ceilings = Ceilings()
+    policy: RunPolicy = RunPolicy()
     usage: Usage = Usage()
     stage: Stage = Stage.GENERATING
     epoch: int = 0
@@ -181,20 +185,27 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:
         state.last_checkpoint_id = body.checkpoint_id
         state.sealed_position = recorded.position
     elif isinstance(body, _AUTHORITY):
-        _authority(state, body)
+        _authority(state, body, recorded.epoch)
     elif isinstance(body, _HANDOFF):
         _handoff(state, body, recorded.position)
-    elif isinstance(body, RunOpened):
-        state.opened = True
-        state.release_id = body.release_id
-        state.schema_name = body.schema_name
-        state.schema_version = body.schema_version
-        state.ceilings = body.ceilings
+    elif isinstance(body, RunOpened | PolicySet):
+        _opened(state, body)
     elif isinstance(body, _REGISTRY):
         _registry(state, body)
     elif isinstance(body, _CLOSING):
         state.status = "completed" if isinstance(body, RunCompleted) else "failed"
         state.lease = None
+
+
+def _opened(state: RunState, body: RunOpened | PolicySet) -> None:
+    if isinstance(body, PolicySet):
+        state.policy = body.policy
+        return
+    state.opened = True
+    state.release_id = body.release_id
+    state.schema_name = body.schema_name
+    state.schema_version = body.schema_version
+    state.ceilings = body.ceilings
 
 
 def _lease(state: RunState, body: LeaseGranted | LeaseRenewed | LeaseReleased | LeaseExpired) -> None:
@@ -210,7 +221,9 @@ def _lease(state: RunState, body: LeaseGranted | LeaseRenewed | LeaseReleased | 
 
 
 def _authority(
-    state: RunState, body: AuthorityGranted | AuthorityRevoked | EvidenceRecorded | ApprovalGranted | ApprovalDenied
+    state: RunState,
+    body: AuthorityGranted | AuthorityRevoked | EvidenceRecorded | ApprovalGranted | ApprovalDenied,
+    epoch: int,
 ) -> None:
     if isinstance(body, AuthorityGranted):
         state.grants[body.grant_id] = Grant(body.capability, body.worker, body.epoch, body.expires_at)
@@ -220,7 +233,8 @@ def _authority(
         evidence = Evidence(body.evidence_id, body.workspace_snapshot, body.environment, body.verdict)
         state.evidence[body.artifact_digest] = evidence
     elif isinstance(body, ApprovalGranted):
-        state.approvals[body.artifact_digest] = Approval(body.approval_id, body.approver, body.scope, body.expires_at)
+        approval = Approval(body.approval_id, body.approver, body.scope, body.expires_at, epoch)
+        state.approvals[body.artifact_digest] = approval
     else:
         state.approvals.pop(body.artifact_digest, None)
 

@@ -46,6 +46,7 @@ from baton.domain.events import (
     LeaseReleased,
     LeaseRenewed,
     ObservationRecorded,
+    PolicySet,
     RecordedEvent,
     RegistryOpened,
     RunCompleted,
@@ -119,6 +120,7 @@ def tombstone(s: AuditState, e: RecordedEvent) -> None:
 
 RULES: dict[type[Any], tuple[Rule, ...]] = {
     RunOpened: (run.opened,),
+    PolicySet: (authority.policy_set,),  # right after RunOpened, in the same (unfenced) submission
     RegistryOpened: (run.opened,),  # the registry stream's first event: an operator's, no lease
     LeaseGranted: (run.granted,),
     LeaseRenewed: (run.fenced, run.renewed),

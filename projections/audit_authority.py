@@ -9,7 +9,7 @@ approval the log should never have held (self-authorized, unbound) authorizes no
 
 from __future__ import annotations
 
-from baton.domain.authority import require_authority
+from baton.domain.authority import require_authority, require_policy
 from baton.domain.errors import Rejection
 from baton.domain.events import (
     ApprovalDenied,
@@ -18,6 +18,7 @@ from baton.domain.events import (
     AuthorityRevoked,
     EvidenceRecorded,
     IntentRecorded,
+    PolicySet,
     RecordedEvent,
 )
 from baton.domain.state import Approval, Evidence, Grant
@@ -56,7 +57,9 @@ def authority_revoked(s: AuditState, e: RecordedEvent) -> None:
 def approval_granted(s: AuditState, e: RecordedEvent) -> None:
     body: ApprovalGranted = e.body  # type: ignore[assignment]
     if not _from_holder(s, e, body.approver):
-        s.approvals[body.artifact_digest] = Approval(body.approval_id, body.approver, body.scope, body.expires_at)
+        s.approvals[body.artifact_digest] = Approval(
+            body.approval_id, body.approver, body.scope, body.expires_at, e.epoch
+        )
 
 
 def approval_denied(s: AuditState, e: RecordedEvent) -> None:
@@ -73,12 +76,18 @@ def evidence(s: AuditState, e: RecordedEvent) -> None:
     s.evidence[body.artifact_digest] = record
 
 
+def policy_set(s: AuditState, e: RecordedEvent) -> None:
+    body: PolicySet = e.body  # type: ignore[assignment]
+    s.policy = body.policy
+
+
 def authorized(s: AuditState, e: RecordedEvent) -> None:
     """An effect needs the grant it names, and for a proposal an approval and evidence for exactly it."""
     body: IntentRecorded = e.body  # type: ignore[assignment]
     if body.kind != "effect":
         return
     try:  # the domain's own rule, on the audit's view of the run: one definition of "authorized"
+        require_policy(s, body.tool_contract, body.context, e.recorded_at)
         require_authority(s, e.worker, body.context, e.recorded_at)
     except Rejection as refusal:
         s.report(refusal.reason, f"effect {body.op_id!r}: {refusal.message}")

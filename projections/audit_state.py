@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from baton.domain.budgets import COUNTERS
-from baton.domain.events import RecordedEvent
+from baton.domain.events import RecordedEvent, RunPolicy
 from baton.domain.stages import Stage
 from baton.domain.state import Approval, Evidence, Grant
 
@@ -74,6 +74,8 @@ CODES: dict[str, str] = {
     "authority_missing": "an effect naming a grant not live for its worker and epoch, or a revocation of none",
     "approval_mismatch": "an effect committing a proposal without an unexpired approval for exactly its digest",
     "reverification_required": "an effect committing a proposal without passing evidence in its workspace and release",
+    "approval_missing": "an effect the run's policy needs approved, without a live approval of exactly its proposal",
+    "evidence_missing": "an effect the run's policy needs verified, without passing evidence of exactly its proposal",
     # authorship (a store whose registry verifies identities)
     "unsigned": "an event without a signature, recorded after the registry required them",
     "unknown_principal": "an event signed for a name the registry did not hold at that time",
@@ -137,6 +139,7 @@ class AuditState:
         "opened",
         "operations",
         "pending",
+        "policy",
         "position",
         "problems",
         "release_id",
@@ -168,6 +171,7 @@ class AuditState:
         self.grants: dict[str, Grant] = {}  # live grants of the current epoch, by grant id
         self.approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force
         self.evidence: dict[str, Evidence] = {}  # by artifact digest: the latest verdict
+        self.policy = RunPolicy()
         self.problems: list[Problem] = []
 
     @property

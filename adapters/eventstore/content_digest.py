@@ -3,7 +3,8 @@
 Each accepted submission's row holds the digest of its content. The digest is SHA-256 of
 ``baton.submission.v1\\x00`` and the submission's JSON with sorted keys: JSON keeps every type
 distinct (``1`` is not ``"1"``), and sorted keys make dicts built in any order the same content.
-The signature is left out (``submission_digest``).
+The signature is left out, and so are fields added to a command later while at their default
+(``domain.commands.ADDED_FIELDS``).
 
 Some earlier releases wrote most rows in a second form (``baton.submission.v2``): the ids and epoch
 as a JSON array, then the command's *positional* JSON (``positional_form``). A retry is compared
@@ -19,13 +20,20 @@ from typing import Any
 import msgspec
 
 from baton.domain.canonical import digest_of
-from baton.domain.commands import Submission
+from baton.domain.commands import ADDED_FIELDS, Command, Submission
 
 __all__ = ["positional_digest", "positional_form", "same_content", "submission_digest"]
 
 _PREFIX = b"baton.submission.v1\x00"
 _POSITIONAL_PREFIX = b"baton.submission.v2\x00"
 _sorted = msgspec.json.Encoder(order="sorted")
+_COMMANDS = {cls.__struct_config__.tag: cls for cls in typing.get_args(Command)}
+_DEFAULTS = {  # the builtins of each added field's default, by (command tag, field)
+    (tag, field.name): msgspec.to_builtins(field.default)
+    for tag, names in ADDED_FIELDS.items()
+    for field in msgspec.structs.fields(_COMMANDS[tag])
+    if field.name in names
+}
 
 
 def submission_digest(submission: Submission) -> str:
@@ -38,6 +46,10 @@ def submission_digest(submission: Submission) -> str:
     del plain["signature"]
     if not plain["signed_by"]:
         del plain["signed_by"]
+    command = plain["command"]
+    for name in ADDED_FIELDS.get(command["type"], ()):
+        if command[name] == _DEFAULTS[command["type"], name]:
+            del command[name]
     return digest_of(_PREFIX, _sorted.encode(plain))
 
 
@@ -67,9 +79,12 @@ def positional_form(value: Any) -> list[Any] | None:
     None when such a field holds anything but that class or None: read by position, it could pass
     for a value of the class, so the earlier releases digested those commands in the first form.
     """
-    form: list[Any] = [value.__struct_config__.tag]
+    tag = value.__struct_config__.tag
+    form: list[Any] = [tag]
     for field in msgspec.structs.fields(value):
         item = getattr(value, field.name)
+        if field.name in ADDED_FIELDS.get(tag, ()) and item == field.default:
+            continue  # those releases had no such field
         declared = _declared_struct(field.type)
         if declared is not None and item is not None:
             if type(item) is not declared:

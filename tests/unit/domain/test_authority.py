@@ -3,6 +3,7 @@ binds them, and the gateway answers only for the live epoch (domain/authority.py
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from baton.domain.authority import gate
@@ -15,9 +16,9 @@ from baton.domain.commands import (
     RecordIntent,
     RevokeAuthority,
 )
-from baton.domain.events import AuthorityGranted, IntentContext
+from baton.domain.events import AuthorityGranted, IntentContext, PolicySet, RunOpened, RunPolicy
 
-from .given import W1, W2, History, given, intent, placement, seconds
+from .given import W1, W2, History, given, intent, open_run, placement, seconds
 
 OPERATOR = "operator"
 VERIFIER = "ci"
@@ -135,3 +136,49 @@ def test_verifier_evidence_from_the_lease_holder_is_refused() -> None:
     history = given().opened().leased(W1)
 
     assert history.rejects(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass")).reason == "self_authorization"
+
+
+# --------------------------------------------------------------------------------------------------
+# Run policy: what effects under given tool contracts need, whatever fields the worker filled
+# --------------------------------------------------------------------------------------------------
+
+POLICY = RunPolicy(approval_required=("git@*",), evidence_required=("git@*",))
+
+
+def under_policy(policy: RunPolicy = POLICY) -> History:
+    history = given()
+    history.record(msgspec.structs.replace(open_run(), policy=policy))
+    return history.leased(W1)
+
+
+def test_a_run_opened_with_a_policy_records_it_and_one_without_opens_as_before() -> None:
+    assert [type(e) for e in given().when(msgspec.structs.replace(open_run(), policy=POLICY))] == [RunOpened, PolicySet]
+    assert [type(e) for e in given().when(open_run())] == [RunOpened]
+
+
+def test_an_effect_under_policy_needs_its_proposal_named_approved_and_verified() -> None:
+    history = under_policy()
+    unnamed = RecordIntent("c0", "effect", "git@1", IntentContext(9, "git_push", "write", state_digest=WORKSPACE), "k0")
+
+    assert history.rejects(unnamed).reason == "approval_missing"  # no proposal_digest: nothing to check
+    assert history.rejects(committing()).reason == "approval_missing"
+    history.record(GrantApproval("a-1", P), worker=OPERATOR)
+    assert history.rejects(committing()).reason == "evidence_missing"
+    history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
+    assert history.when(committing())
+    other = RecordIntent("e", "effect", "editor@1", IntentContext(1, "edit", "write"), "ke")
+    assert history.when(other)  # a contract the policy does not name needs nothing
+
+
+def test_approvals_are_artifact_bound_unless_the_policy_binds_them_to_the_epoch() -> None:
+    """After a takeover, an approval of P still approves P by default; under ``approvals="epoch"`` it ends."""
+    for approvals, expected in (("artifact", None), ("epoch", "approval_missing")):
+        history = under_policy(msgspec.structs.replace(POLICY, approvals=approvals))
+        history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
+        history.record(GrantApproval("a-1", P), worker=OPERATOR)
+        history.advance(seconds(31)).record(AcquireLease(placement(W2)), worker=W2)
+
+        if expected is None:
+            assert history.when(committing(), worker=W2)
+        else:
+            assert history.rejects(committing(), worker=W2).reason == expected

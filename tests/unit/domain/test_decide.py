@@ -150,6 +150,8 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "PrincipalMismatch": "principal_mismatch",
         "RoleNotAllowed": "role_not_allowed",
         "SelfApproval": "self_approval",
+        "ApprovalMissing": "approval_missing",
+        "EvidenceMissing": "evidence_missing",
     }
 
 

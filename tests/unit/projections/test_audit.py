@@ -34,6 +34,7 @@ from baton.domain.events import (
     LeaseExpired,
     LeaseGranted,
     ObservationRecorded,
+    PolicySet,
     PrincipalAdded,
     PrincipalRevoked,
     PrincipalRolesChanged,
@@ -372,6 +373,7 @@ UNFENCED = {
     ApprovalGranted,
     ApprovalDenied,
     EvidenceRecorded,
+    PolicySet,
     ThreadPurged,
 }
 REGISTRY = {RegistryOpened, PrincipalAdded, PrincipalRolesChanged, PrincipalRevoked}  # an operator's, no lease
