@@ -3,6 +3,11 @@
 It shows the product's rule end to end: worker A works up to VERIFIED and goes silent; its lease
 expires on the store's clock; worker B takes epoch 2; A wakes and its append is refused
 (``stale_epoch``) with nothing stored; B reads the log and carries the run to COMMITTED.
+
+On a new store the identities are signed: the demo opens the store's registry with an operator key
+of its own and registers both workers, keeping the keys in ``.baton-demo/`` beside the store's
+default file; every submission is signed, and one forged under worker-b's name with worker-a's key
+is refused. A store that already has unsigned runs stays unsigned ("identities not verified").
 """
 
 from __future__ import annotations
@@ -10,14 +15,17 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger, register
 from baton.adapters.clock import ManualClock, SystemClock
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.identity import SigningKey
 from baton.domain.canonical import short
 from baton.domain.commands import (
     AcquireLease,
+    AddPrincipal,
     Command,
     CompleteRun,
     OpenRun,
@@ -29,13 +37,17 @@ from baton.domain.commands import (
     Verdict,
 )
 from baton.domain.decide import context_digest
+from baton.domain.errors import BatonError
 from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent
+from baton.domain.identity import REGISTRY_RUN
 from baton.domain.stages import Stage
 
 __all__ = ["run_demo"]
 
 Printer = Callable[[str], None]
 TOOLS = ("git@2", "editor@1", "pytest@8")
+KEYS = Path(".baton-demo")  # the demo's keys, in the working directory
+WORKERS = ("worker-a", "worker-b")
 
 
 def _blob(text: str) -> BlobRef:
@@ -59,8 +71,8 @@ class _Timeline:
 class _Worker:
     """One agent worker: submits under its own name and the epoch it believes it holds."""
 
-    def __init__(self, ledger: RunLedger, run_id: str, name: str, timeline: _Timeline) -> None:
-        self.ledger, self.run_id, self.name, self.timeline = ledger, run_id, name, timeline
+    def __init__(self, ledger: RunLedger, run_id: str, name: str, timeline: _Timeline, key: SigningKey | None) -> None:
+        self.ledger, self.run_id, self.name, self.timeline, self.key = ledger, run_id, name, timeline, key
         self.out = timeline.out
         self.epoch = 0
         self.count = 0
@@ -68,7 +80,7 @@ class _Worker:
     def submit(self, command: Command) -> Verdict:
         self.count += 1
         submission = Submission(f"{self.run_id}/{self.name}/{self.count}", self.run_id, self.name, command, self.epoch)
-        verdict = self.ledger.submit(submission)
+        verdict = self.ledger.submit(self.key.sign(submission) if self.key is not None else submission)
         if verdict.verdict == "rejected":
             self.out(f"   x  {self.name} {type(command).__name__} REJECTED: {verdict.reason} ({verdict.message})")
         else:
@@ -100,17 +112,41 @@ def _line(event: RecordedEvent) -> str:
     return f"{event.position:>4}  {event.type:<20} {event.worker:<10} {event.epoch:>5}  {short(event.digest)}  {detail}"
 
 
-def run_demo(store: str | None, out: Printer = print) -> int:
-    """Run the scripted handover and print its timeline; returns the process exit code."""
-    settings = init_store(store)
-    clock = ManualClock(start=SystemClock().now())
-    run_id = "demo-" + uuid.uuid4().hex[:8]
-    ledger_a = open_ledger(settings.url, clock=clock)  # worker A's process
-    ledger_b = open_ledger(settings.url, clock=clock)  # worker B's process, same store and clock
-    timeline = _Timeline(out)
-    a, b = _Worker(ledger_a, run_id, "worker-a", timeline), _Worker(ledger_b, run_id, "worker-b", timeline)
-    out(f"baton demo: run {run_id} on {settings.url}\n")
-    out(f"{'pos':>4}  {'event':<20} {'worker':<10} {'epoch':>5}  {'digest':<12}  detail")
+def _identities(url: str) -> dict[str, SigningKey] | None:
+    """The workers' keys in a store that verifies identities (opening its registry on a new store),
+    or None for a store that accepts unsigned submissions."""
+    ledger = open_ledger(url, one_shot=True)
+    try:
+        registry, has_runs = ledger.state(REGISTRY_RUN), bool(ledger.runs())
+    finally:
+        ledger.close()
+    operator_file = KEYS / "operator.key"
+    if not registry.opened and not has_runs:
+        KEYS.mkdir(mode=0o700, exist_ok=True)
+        operator = SigningKey.read(operator_file) if operator_file.exists() else SigningKey.generate()
+        if not operator_file.exists():
+            operator.write(operator_file)
+        init_store(url, operator_key=operator, operator="demo-operator")
+    elif not registry.signatures_required:
+        return None
+    if not operator_file.exists():
+        raise BatonError(f"this store verifies identities, and the demo's operator key is not in {KEYS}/")
+    operator = SigningKey.read(operator_file)
+    keys: dict[str, SigningKey] = {}
+    for name in WORKERS:
+        path = KEYS / f"{name}.key"
+        if path.exists():
+            keys[name] = SigningKey.read(path)
+            continue
+        keys[name] = SigningKey.generate()
+        verdict = register(url, operator, AddPrincipal(name, ("worker",), keys[name].public_key))
+        if verdict.verdict == "rejected":
+            raise BatonError(f"could not register {name}: {verdict.reason}: {verdict.message}")
+        keys[name].write(path)
+    return keys
+
+
+def _work_until_verified(a: _Worker) -> None:
     a.submit(OpenRun("coder@2026.11", "coding-agent-state", 1, _blob("Fix the flaky retry test in ledger.py")))
     a.acquire(model="model-large", provider="provider-1", region="eu-west")
     a.step("op-1", "pure", "git@2", "checkout", {"commit": "a41c9e0"}, {"tree": "ok"})
@@ -122,6 +158,36 @@ def run_demo(store: str | None, out: Printer = print) -> int:
     a.move(Stage.VERIFIED)
     a.submit(SealCheckpoint("ckpt-2", state_digest=_blob("verified").digest))
 
+
+def _forgery(b: _Worker, stolen: SigningKey) -> Verdict:
+    """A submission under worker-b's name at its epoch, signed with another principal's key."""
+    b.out("   .. someone with worker-a's key submits as worker-b")
+    forger = _Worker(b.ledger, b.run_id, b.name, b.timeline, stolen)
+    forger.epoch, forger.count = b.epoch, 1000
+    verdict = forger.move(Stage.AWAITING_AUTHORITY)
+    b.out("")
+    return verdict
+
+
+def run_demo(store: str | None, out: Printer = print) -> int:
+    """Run the scripted handover and print its timeline; returns the process exit code."""
+    settings = init_store(store)
+    keys = _identities(settings.url)
+    clock = ManualClock(start=SystemClock().now())
+    run_id = "demo-" + uuid.uuid4().hex[:8]
+    ledger_a = open_ledger(settings.url, clock=clock)  # worker A's process
+    ledger_b = open_ledger(settings.url, clock=clock)  # worker B's process, same store and clock
+    timeline = _Timeline(out)
+    a = _Worker(ledger_a, run_id, "worker-a", timeline, keys["worker-a"] if keys else None)
+    b = _Worker(ledger_b, run_id, "worker-b", timeline, keys["worker-b"] if keys else None)
+    out(f"baton demo: run {run_id} on {settings.url}")
+    if keys:
+        out(f"identities verified: every submission is signed (keys in {KEYS}/)\n")
+    else:
+        out("identities not verified: this store accepts unsigned submissions\n")
+    out(f"{'pos':>4}  {'event':<20} {'worker':<10} {'epoch':>5}  {'digest':<12}  detail")
+    _work_until_verified(a)
+
     out("\n   .. worker-a goes silent; 45 s pass on the store's clock; its 30 s lease expires")
     clock.advance(seconds=45)
     b.acquire(model="model-small", provider="provider-2", region="us-east")
@@ -130,6 +196,8 @@ def run_demo(store: str | None, out: Printer = print) -> int:
     stale = a.move(Stage.AWAITING_AUTHORITY)
     after = len(list(ledger_a.history(run_id)))
     out(f"   .. events before {before}, after {after}: nothing stored\n")
+
+    forged = _forgery(b, keys["worker-a"]) if keys else None
 
     out("   .. worker-b reads the log, verifies the chain and continues")
     ledger_b.verify(run_id)
@@ -141,11 +209,13 @@ def run_demo(store: str | None, out: Printer = print) -> int:
 
     report = ledger_b.verify(run_id)
     state = ledger_b.state(run_id)
-    ok = stale.reason == "stale_epoch" and before == after and state.stage is Stage.COMMITTED
+    forged_ok = forged is None or forged.reason == "principal_mismatch"
+    ok = stale.reason == "stale_epoch" and before == after and state.stage is Stage.COMMITTED and forged_ok
     out(
         f"\nsummary: run {run_id} {state.status} at {state.stage}, {report.events} events, chain verified "
         f"(head {short(report.head_digest)}), epoch {state.epoch}; stale append by worker-a: "
         f"{stale.reason}, events {before} -> {after}"
+        + (f"; forged submission: {forged.reason}" if forged is not None else "")
     )
     flag = f" --store {store}" if store else ""
     out("\ninspect it:")

@@ -14,6 +14,7 @@ from baton.adapters.cli.options import echo_json, json_option, no_events, placem
 from baton.domain.budgets import COUNTERS
 from baton.domain.canonical import short
 from baton.domain.events import Placement, RecordedEvent
+from baton.domain.identity import REGISTRY_RUN
 from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
 from baton.projections.resumability import summary_of
 
@@ -30,9 +31,9 @@ def _iso(micros: int) -> str:
 @json_option
 @store_option
 def runs(as_json: bool, store: str | None) -> int:
-    """List runs."""
+    """List runs (not the principal registry's stream: ``baton principals list`` shows it)."""
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        rows = ledger.runs()
+        rows = [row for row in ledger.runs() if row.run_id != REGISTRY_RUN]
     if as_json:
         for row in rows:
             echo_json(

@@ -38,10 +38,11 @@ def run_id(demo_dir: Path) -> str:
 
 
 def test_audit_of_a_clean_store_exits_0_with_the_json_shape(demo_dir: Path, run_id: str) -> None:
-    """Given the demo store, when `baton audit --all --json` runs, then ok with counts and no problems, exit 0."""
+    """Given the demo store, when `baton audit --all --json` runs, then ok with counts and no problems, exit 0:
+    the demo run's 22 events and the principal registry's 4 (opened, an operator, two workers)."""
     result = baton(demo_dir, "audit", "--all", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"ok": True, "runs_checked": 1, "events_checked": 22, "problems": []}
+    assert json.loads(result.stdout) == {"ok": True, "runs_checked": 2, "events_checked": 26, "problems": []}
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
     one = baton(demo_dir, "audit", run_id)
     assert one.returncode == 0
@@ -146,5 +147,5 @@ def test_progress_bar_with_rate_on_a_terminal_and_never_with_json(
         monkeypatch.setattr("sys.stderr", terminal)
         assert main(["audit", "--all", "--store", store, *extra]) == 0
         assert ("ev/s" in terminal.getvalue()) is drawn
-        assert "22/22 events" in terminal.getvalue() or not drawn
+        assert "26/26 events" in terminal.getvalue() or not drawn  # the run's 22, the registry's 4
     capsys.readouterr()
