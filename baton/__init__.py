@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from baton.adapters.bootstrap import init_store, open_ledger
+    from baton.adapters.bootstrap import init_store, open_ledger, register
     from baton.adapters.identity import SigningKey
     from baton.adapters.langgraph import BatonSaver
     from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
@@ -33,6 +33,7 @@ _HOME = {
     "NatsTransport": "baton.adapters.worker",
     "open_ledger": "baton.adapters.bootstrap",
     "init_store": "baton.adapters.bootstrap",
+    "register": "baton.adapters.bootstrap",
     "SigningKey": "baton.adapters.identity",
     "BatonSaver": "baton.adapters.langgraph",
     "Ceilings": "baton.domain.budgets",
@@ -57,6 +58,7 @@ __all__ = [
     "NatsTransport",
     "open_ledger",
     "init_store",
+    "register",
     "SigningKey",
     "BatonSaver",
     "Ceilings",
