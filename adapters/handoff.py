@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.identity import SigningKey
 from baton.domain import authority, errors
 from baton.domain.authority import GateDecision
 from baton.domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission, Verdict
@@ -118,22 +119,29 @@ def prepare(
     state: dict[str, Any],
     to_version: int | None = None,
     ttl_ms: int = 30_000,
+    key: SigningKey | None = None,
 ) -> PreparedHandoff:
-    """Build the document and submit it as the current holder: the lease moves in the same append."""
+    """Build the document and submit it as the current holder: the lease moves in the same append.
+
+    ``key`` (here and below): the submitter's, in a store that verifies identities."""
     data = build_document(ledger, run_id, destination=destination, state=state, to_version=to_version)
-    return submit_prepare(ledger, data, ttl_ms=ttl_ms)
+    return submit_prepare(ledger, data, ttl_ms=ttl_ms, key=key)
 
 
-def submit_prepare(ledger: RunLedger, document: bytes, *, ttl_ms: int = 30_000) -> PreparedHandoff:
+def submit_prepare(
+    ledger: RunLedger, document: bytes, *, ttl_ms: int = 30_000, key: SigningKey | None = None
+) -> PreparedHandoff:
     """Submit a built document; repeating it after a lost reply is the same submission (a duplicate)."""
     digest = document_digest(document)
     doc = decode_document(document)
     command = PrepareHandoff(document.decode(), ttl_ms)
     submission = Submission(f"handoff-prepare:{digest}", doc.run_id, doc.source_worker, command, doc.source_epoch)
-    return PreparedHandoff(document, digest, ledger.submit(submission))
+    return PreparedHandoff(document, digest, ledger.submit(_signed(submission, key)))
 
 
-def accept(ledger: RunLedger, document: bytes, expected_digest: str, *, ttl_ms: int = 30_000) -> Verdict:
+def accept(
+    ledger: RunLedger, document: bytes, expected_digest: str, *, ttl_ms: int = 30_000, key: SigningKey | None = None
+) -> Verdict:
     """The destination's acceptance (in this store) or import (into a store without the run).
 
     The domain verifies ``document`` against ``expected_digest``; the submission id is derived
@@ -143,16 +151,19 @@ def accept(ledger: RunLedger, document: bytes, expected_digest: str, *, ttl_ms: 
     run = ledger.state(doc.run_id)
     epoch = run.epoch if run.opened else doc.source_epoch + 1
     command = AcceptHandoff(document.decode(), expected_digest, ttl_ms)
-    return ledger.submit(
-        Submission(f"handoff-accept:{expected_digest}", doc.run_id, doc.destination_worker, command, epoch)
-    )
+    submission = Submission(f"handoff-accept:{expected_digest}", doc.run_id, doc.destination_worker, command, epoch)
+    return ledger.submit(_signed(submission, key))
 
 
-def abort(ledger: RunLedger, run_id: str, worker: str, reason: str) -> Verdict:
+def abort(ledger: RunLedger, run_id: str, worker: str, reason: str, *, key: SigningKey | None = None) -> Verdict:
     """Call off a prepared handoff as the current lease holder."""
     run = ledger.state(run_id)
     submission_id = f"handoff-abort:{run.pending_handoff or 'none'}:{worker}"
-    return ledger.submit(Submission(submission_id, run_id, worker, AbortHandoff(reason), run.epoch))
+    return ledger.submit(_signed(Submission(submission_id, run_id, worker, AbortHandoff(reason), run.epoch), key))
+
+
+def _signed(submission: Submission, key: SigningKey | None) -> Submission:
+    return key.sign(submission) if key is not None else submission
 
 
 def gate(ledger: RunLedger, run_id: str, worker: str, epoch: int, op_id: str) -> GateDecision:

@@ -17,6 +17,7 @@ import click
 
 from baton.adapters import handoff as protocol
 from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.identity import read_key
 from baton.adapters.cli.options import echo_json, json_option, placement_options, store_option
 from baton.domain.events import Placement
 
@@ -25,6 +26,11 @@ __all__ = ["COMMANDS"]
 RUN_ID = click.argument("run_id", metavar="RUN_ID")
 READABLE = click.Path(exists=True, dir_okay=False, path_type=Path)
 TTL_MS = click.option("--ttl-ms", type=int, default=30_000, show_default=True, help="the destination's first lease")
+
+
+KEY = click.option(
+    "--key", "key_file", metavar="FILE", help="sign with this private key (the submitting worker's), for a signed store"
+)
 
 
 @click.group("handoff")
@@ -39,15 +45,23 @@ def handoff() -> None:
 @click.option("--to-version", type=int, default=None, help="migrate the state to this schema version")
 @placement_options(worker="worker")
 @TTL_MS
+@KEY
 @store_option
 def export(
-    run_id: str, state: Path, to_version: int | None, placement: Placement, ttl_ms: int, store: str | None
+    run_id: str,
+    state: Path,
+    to_version: int | None,
+    placement: Placement,
+    ttl_ms: int,
+    key_file: str | None,
+    store: str | None,
 ) -> int:
     """Prepare a handoff; the document goes to stdout, its digest to stderr."""
     task_state: dict[str, Any] = json.loads(state.read_text(encoding="utf-8"))
+    key = read_key(key_file) if key_file else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         prepared = protocol.prepare(
-            ledger, run_id, destination=placement, state=task_state, to_version=to_version, ttl_ms=ttl_ms
+            ledger, run_id, destination=placement, state=task_state, to_version=to_version, ttl_ms=ttl_ms, key=key
         )
     if prepared.verdict.verdict == "rejected":
         click.echo(f"handoff refused ({prepared.verdict.reason}): {prepared.verdict.message}", err=True)
@@ -61,15 +75,17 @@ def export(
 @click.argument("document", type=READABLE, metavar="DOCUMENT")
 @click.option("--expect-digest", required=True, metavar="DIGEST", help="the document's digest, from a trusted channel")
 @TTL_MS
+@KEY
 @store_option
-def import_(document: Path, expect_digest: str, ttl_ms: int, store: str | None) -> int:
+def import_(document: Path, expect_digest: str, ttl_ms: int, key_file: str | None, store: str | None) -> int:
     """Accept a handoff document (imports the run).
 
     The run is imported if this store has never seen it.
     """
     data = document.read_bytes()
+    key = read_key(key_file) if key_file else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        verdict = protocol.accept(ledger, data, expect_digest, ttl_ms=ttl_ms)
+        verdict = protocol.accept(ledger, data, expect_digest, ttl_ms=ttl_ms, key=key)
     echo_json(verdict)
     return 1 if verdict.verdict == "rejected" else 0
 

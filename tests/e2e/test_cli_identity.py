@@ -9,10 +9,13 @@ import stat
 from pathlib import Path
 
 from test_cli import baton
+from test_cli_handoff import STATE
 
 from baton.adapters.wire import encode_submission
-from baton.domain.commands import AcquireLease, OpenRun, Submission
+from baton.domain.commands import AcquireLease, OpenRun, RecordTransition, SealCheckpoint, Submission
 from baton.domain.events import BlobRef, Placement
+from baton.domain.handoff_document import state_digest_of
+from baton.domain.stages import Stage
 
 TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
 
@@ -93,3 +96,49 @@ def test_an_unsigned_store_says_identities_are_not_verified(tmp_path: Path) -> N
     assert init.returncode == 0 and "identities not verified" in init.stdout
     assert not (tmp_path / "baton-operator.key").exists()
     assert "identities not verified" in baton(tmp_path, "principals", "list", "--store", store).stdout
+
+
+def _signed_store(tmp_path: Path, name: str, principal: str) -> tuple[str, str]:
+    """A new signed store with ``principal`` registered as a worker: its URL and the principal's key file."""
+    store = f"sqlite:///{tmp_path / (name + '.db')}"
+    key_out = f"{name}-operator.key"
+    assert baton(tmp_path, "store", "init", "--store", store, "--key-out", key_out).returncode == 0
+    public = baton(tmp_path, "keys", "new", "--out", f"{principal}.key").stdout.strip()
+    add = ("principals", "add", principal, "--role", "worker", "--public-key", public, "--key", key_out)
+    assert baton(tmp_path, *add, "--store", store).returncode == 0
+    return store, f"{principal}.key"
+
+
+def test_a_handoff_between_signed_stores_is_signed_by_each_side(tmp_path: Path) -> None:
+    """Given two signed stores, when w1 exports with its key and w2 imports with its own, then the run
+    moves; an import without a key is refused and stores nothing."""
+    source, w1_key = _signed_store(tmp_path, "a", "w1")
+    target, w2_key = _signed_store(tmp_path, "b", "w2")
+    digest = state_digest_of(STATE)
+    commands = [
+        OpenRun("rel-1", "coding-agent", 1, BlobRef(digest, 80)),
+        AcquireLease(Placement("w1", tool_contracts=("git@1",)), 600_000),
+        RecordTransition(Stage.CANDIDATE_READY, digest),
+        SealCheckpoint("ckpt-1", digest),
+    ]
+    stdin = "".join(
+        encode_submission(Submission(f"s{i}", "r1", "w1", c, 0 if i < 2 else 1)).decode() + "\n"
+        for i, c in enumerate(commands)
+    )
+    sealed = baton(tmp_path, "submit", "--store", source, "--key", w1_key, stdin=stdin)
+    assert [json.loads(line)["verdict"] for line in sealed.stdout.splitlines()] == ["accepted"] * 4
+    (tmp_path / "state.json").write_text(json.dumps(STATE), encoding="utf-8")
+
+    exported = baton(
+        tmp_path, "handoff", "export", "r1", "--to", "w2", "--state", "state.json", "--tool-contract", "git@1",
+        "--key", w1_key, "--store", source,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    (tmp_path / "doc.json").write_text(exported.stdout, encoding="utf-8")
+    imported = ("handoff", "import", "doc.json", "--expect-digest", exported.stderr.strip(), "--store", target)
+    unsigned = baton(tmp_path, *imported)
+    signed = baton(tmp_path, *imported, "--key", w2_key)
+
+    assert json.loads(unsigned.stdout)["reason"] == "signature_required"
+    assert json.loads(signed.stdout)["verdict"] == "accepted", signed.stdout
+    assert json.loads(baton(tmp_path, "audit", "--all", "--json", "--store", target).stdout)["ok"] is True
