@@ -41,6 +41,7 @@ from baton.adapters.clock import Clock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import BlobStore, SqlConnection, blob_digest
 from baton.adapters.eventstore.fenced import Riders
+from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph.index import CheckpointRow, Document, ThreadIndex, WriteRow, decode_document
 from baton.domain import errors
 from baton.domain.commands import (
@@ -108,9 +109,13 @@ class BatonSaver(BaseCheckpointSaver[int]):
         ttl_ms: int = 300_000,
         serde: SerializerProtocol | None = None,
         owns: bool = False,
+        key: SigningKey | None = None,
     ) -> None:
+        """``key``: the private key of the principal ``worker`` names, in a store that verifies
+        identities (every submission of this saver is signed with it)."""
         super().__init__(serde=serde)
         self.ledger = ledger
+        self.key = key
         self.conn = conn
         self.blobs = BlobStore(conn)
         self.index = ThreadIndex(conn, self.blobs)
@@ -135,6 +140,7 @@ class BatonSaver(BaseCheckpointSaver[int]):
         ttl_ms: int = 300_000,
         serde: SerializerProtocol | None = None,
         clock: Clock | None = None,
+        key: SigningKey | None = None,
     ) -> BatonSaver:
         """A saver on an initialised store (``baton store init``); ``close()`` releases its leases."""
         ledger = open_ledger(url, clock=clock)
@@ -143,7 +149,7 @@ class BatonSaver(BaseCheckpointSaver[int]):
         except BaseException:
             ledger.close()
             raise
-        return cls(ledger, conn, worker=worker, ttl_ms=ttl_ms, serde=serde, owns=True)
+        return cls(ledger, conn, worker=worker, ttl_ms=ttl_ms, serde=serde, owns=True, key=key)
 
     def __enter__(self) -> BatonSaver:
         return self
@@ -161,11 +167,15 @@ class BatonSaver(BaseCheckpointSaver[int]):
             self.ledger.close()
             self.conn.close()
 
+    def _submission(self, run_id: str, command: Command, epoch: int) -> Submission:
+        submission = Submission(_sid(), run_id, self.worker, command, epoch)
+        return self.key.sign(submission) if self.key is not None else submission
+
     def release(self, thread_id: str) -> None:
         """Give the thread's lease back; a later write by this saver takes it again if nobody else has."""
         held = self._leases.pop(thread_id, None)
         if held is not None:
-            self.ledger.submit(Submission(_sid(), thread_id, self.worker, ReleaseLease(), held.epoch))
+            self.ledger.submit(self._submission(thread_id, ReleaseLease(), held.epoch))
 
     def forget(self, thread_id: str) -> None:
         """Let this saver take a thread it lost again (after the application has re-read the thread)."""
@@ -481,7 +491,7 @@ class BatonSaver(BaseCheckpointSaver[int]):
         if epoch is None or len(commands) != 1 or self.ledger.async_appends is None:
             return await asyncio.to_thread(self._append, run_id, commands, blobs)
         rider = self._rider(run_id, blobs)  # pure CPU on PostgreSQL: the saver's folds are checkpoints and writes
-        first = Submission(_sid(), run_id, self.worker, commands[0], epoch)
+        first = self._submission(run_id, commands[0], epoch)
         verdict = await self.ledger.asubmit(first, riders=rider)
         if verdict is not None:
             return [verdict]
@@ -507,9 +517,9 @@ class BatonSaver(BaseCheckpointSaver[int]):
             ours = (
                 [first]
                 if first is not None and attempt == 0 and first.epoch == epoch
-                else [Submission(_sid(), run_id, self.worker, c, epoch) for c in commands]
+                else [self._submission(run_id, c, epoch) for c in commands]
             )
-            submissions = [*(Submission(_sid(), run_id, self.worker, c, epoch) for c in lease), *ours]
+            submissions = [*(self._submission(run_id, c, epoch) for c in lease), *ours]
             with riding(*rider) if rider is not None and riding is not None else contextlib.nullcontext():
                 if len(submissions) == 1:
                     verdicts = [self.ledger.submit(submissions[0])]
@@ -572,7 +582,7 @@ class BatonSaver(BaseCheckpointSaver[int]):
         steps: builtins.list[Command] = (
             [acquire] if state.opened else [OpenRun("langgraph", SCHEMA_NAME, 1, _TASK_REF), acquire]
         )
-        verdicts = self.ledger.submit_many([Submission(_sid(), run_id, self.worker, c) for c in steps])
+        verdicts = self.ledger.submit_many([self._submission(run_id, c, 0) for c in steps])
         for verdict in verdicts:
             if verdict.verdict == "rejected" and verdict.reason != "run_exists":
                 raise _error(verdict)

@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger, register
 from baton.adapters.clock import ManualClock
+from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph import BatonSaver
 from baton.domain import errors
+from baton.domain.commands import AddPrincipal
 from baton.domain.events import CheckpointRecorded
 
 THREAD = "thread-1"
@@ -195,3 +197,28 @@ def test_a_committed_async_put_whose_reply_is_lost_is_not_appended_again(store_u
     finally:
         a.close(release=False)
     assert _checkpoint_writers(store_url) == [(1, "worker-a"), (1, "worker-a")]
+
+
+def test_in_a_signed_store_a_saver_signs_and_one_without_its_key_writes_nothing(store_url: str) -> None:
+    """Given a store that verifies identities, when a saver with its principal's key puts (sync and
+    async), then both are stored, signed; a saver of the same name without the key is refused."""
+    operator, key = SigningKey.generate(), SigningKey.generate()
+    init_store(store_url, operator_key=operator)
+    assert register(store_url, operator, AddPrincipal("worker-a", ("worker",), key.public_key)).verdict == "accepted"
+    signed = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS, key=key)
+    unsigned = BatonSaver.from_url(store_url, worker="worker-a", ttl_ms=TTL_MS)
+    try:
+        first = _put(signed, None, 0)
+        _aput(signed, first, 1)
+        with pytest.raises(errors.SignatureRequired):
+            _put(unsigned, first, 1)
+    finally:
+        signed.close(release=False)
+        unsigned.close(release=False)
+    ledger = open_ledger(store_url)
+    try:
+        events = list(ledger.history(THREAD))
+    finally:
+        ledger.close()
+    assert sum(isinstance(e.body, CheckpointRecorded) for e in events) == 2
+    assert all(e.signature for e in events)
