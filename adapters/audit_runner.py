@@ -44,6 +44,8 @@ class AuditReport(msgspec.Struct):
     runs_checked: int = 0
     events_checked: int = 0
     problems: list[Problem] = msgspec.field(default_factory=list)
+    # whether the store's registry verifies identities, so each event's signature was checked
+    identities_verified: bool = False
 
 
 # -- the audit of a store ----------------------------------------------------------------------
@@ -87,6 +89,8 @@ def audit_store(
     if progress is not None:
         progress(report.events_checked)
     report.ok = not report.problems
+    history = registry_history(ledger)
+    report.identities_verified = history is not None and history.required_since is not None
     return report
 
 

@@ -38,6 +38,9 @@ def _print_report(report: AuditReport, as_json: bool) -> int:
         for p in report.problems:
             click.echo(f"{p.run_id}  position {p.position}  {p.code}: {p.detail}")
         verdict = "ok" if report.ok else f"{len(report.problems)} problems"
+        click.echo(
+            "identities verified: every signature checked" if report.identities_verified else "identities not verified"
+        )
         click.echo(f"audited {report.runs_checked} runs, {report.events_checked} events: {verdict}")
     return 0 if report.ok else 1
 
@@ -156,11 +159,13 @@ def report(run_id: str, output: str | None, store: str | None) -> int:
                     fold.apply(event)
             if not fold.events:
                 raise Failed(f"no events for run {run_id!r}")
-            page = fold.finish(audit_store(ledger, run_id).problems)
+            audited = audit_store(ledger, run_id)
+            page = fold.finish(audited.problems)
         path = Path(output or f"{run_id}.html")
         path.write_text(render_html(page), encoding="utf-8")
     verdict = "audit ok" if page.ok else f"audit found {len(page.problems)} problems"
-    click.echo(f"wrote {path}: run {run_id}, {page.head} events, {verdict}")
+    identities = "identities verified" if audited.identities_verified else "identities not verified"
+    click.echo(f"wrote {path}: run {run_id}, {page.head} events, {verdict} ({identities})")
     return 0
 
 

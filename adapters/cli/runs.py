@@ -34,6 +34,7 @@ def runs(as_json: bool, store: str | None) -> int:
     """List runs (not the principal registry's stream: ``baton principals list`` shows it)."""
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         rows = [row for row in ledger.runs() if row.run_id != REGISTRY_RUN]
+        verified = ledger.state(REGISTRY_RUN).signatures_required
     if as_json:
         for row in rows:
             echo_json(
@@ -53,6 +54,7 @@ def runs(as_json: bool, store: str | None) -> int:
         click.echo(
             f"{row.run_id:<24} {row.head:>7} {row.epoch:>5}  {row.holder or '-':<12} {row.stage:<24} {row.status}"
         )
+    click.echo("identities verified: every event is signed" if verified else "identities not verified")
     return 0
 
 

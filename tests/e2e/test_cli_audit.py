@@ -42,7 +42,13 @@ def test_audit_of_a_clean_store_exits_0_with_the_json_shape(demo_dir: Path, run_
     the demo run's 22 events and the principal registry's 4 (opened, an operator, two workers)."""
     result = baton(demo_dir, "audit", "--all", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"ok": True, "runs_checked": 2, "events_checked": 26, "problems": []}
+    assert json.loads(result.stdout) == {
+        "ok": True,
+        "runs_checked": 2,
+        "events_checked": 26,
+        "problems": [],
+        "identities_verified": True,
+    }
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
     one = baton(demo_dir, "audit", run_id)
     assert one.returncode == 0
@@ -96,7 +102,13 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
 
     code, verified = in_process("verify-export", str(export), "--json", "--expect-head", rows[-1]["digest"])
     assert code == 0, verified
-    assert json.loads(verified) == {"ok": True, "runs_checked": 1, "events_checked": 22, "problems": []}
+    assert json.loads(verified) == {
+        "ok": True,
+        "runs_checked": 1,
+        "events_checked": 22,
+        "problems": [],
+        "identities_verified": False,  # an export holds one run, not the registry
+    }
 
     text = export.read_text().splitlines(keepends=True)
     text[6] = text[6].replace('"worker":"worker-a"', '"worker":"worker-z"', 1)
