@@ -24,6 +24,7 @@ from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
 from baton.adapters.identity import RegistryHistory
 from baton.domain.errors import BatonError, StoreUnavailable
+from baton.domain.events import RecordedEvent
 from baton.domain.identity import REGISTRY_RUN
 from baton.projections.audit import AuditFold, Problem
 
@@ -184,21 +185,48 @@ def _audit_part(store: str, key_range: KeyRange, anchors: _Anchors) -> tuple[Aud
         raise StoreUnavailable(f"audit worker for {key_range}: {exc}") from None
 
 
+class _RunOf(msgspec.Struct):
+    run_id: str = ""
+
+
+_run_of = msgspec.json.Decoder(_RunOf)
+_envelope = msgspec.json.Decoder(RecordedEvent, strict=False)
+
+
 def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditReport:
-    """Verify an export with no store: chain, digests and the audit rules over its lines."""
+    """Verify an export with no store: chain, digests and the audit rules over its lines.
+
+    An export of a signed store starts with the registry's stream (``baton export`` writes it
+    first); its events give each following event's author and key, so every signature is checked
+    offline. ``expect_head`` anchors the last run of the file (the exported one).
+    """
     report = AuditReport()
     fold: AuditFold | None = None
+    history: RegistryHistory | None = None
+    registry: list[RecordedEvent] = []
+    finished: list[AuditFold] = []
     for line in lines:
         if not line.strip():
             continue
-        if fold is None:
-            first = _generic.decode(line)
-            fold = AuditFold(str(first.get("run_id", "")) if isinstance(first, dict) else "")
+        run_id = _run_of.decode(line).run_id
+        if fold is None or run_id != fold.run_id:
+            if fold is not None:
+                finished.append(fold)
+                if fold.run_id == REGISTRY_RUN:
+                    history = RegistryHistory(registry)
+            fold = AuditFold(run_id, authorship=history)
         fold.apply_stored(line)
+        if run_id == REGISTRY_RUN:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # the fold reports it
+                registry.append(_envelope.decode(line))
     if fold is None:
         return report
+    for earlier in finished:
+        report.problems.extend(earlier.finish())
     anchor = (fold.head, expect_head) if expect_head is not None else None
-    report.problems = fold.finish(anchor)
-    report.runs_checked, report.events_checked = 1, fold.events
+    report.problems.extend(fold.finish(anchor))
+    report.runs_checked = len(finished) + 1
+    report.events_checked = fold.events + sum(f.events for f in finished)
+    report.identities_verified = history is not None and history.required_since is not None
     report.ok = not report.problems
     return report

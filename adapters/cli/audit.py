@@ -22,6 +22,7 @@ from baton.adapters.eventstore.audit_reader import stored_rows
 from baton.adapters.report import render_html
 from baton.adapters.views import ProgressLine
 from baton.domain.canonical import canonical_bytes
+from baton.domain.identity import REGISTRY_RUN
 from baton.projections.explain import explain as explain_run
 from baton.projections.report import ReportFold
 
@@ -110,17 +111,20 @@ def export(run_id: str, output: str | None, store: str | None) -> int:
     """A run's full history, canonical JSON Lines.
 
     One canonical envelope per line, digest included: removing ``digest`` gives the hashed bytes.
+    In a signed store the registry's stream comes first, so verify-export checks every signature.
     """
     written = 0
     with (
         could_not("export", (*AUDIT_ERRORS, TypeError, ValueError)),
         contextlib.closing(open_ledger(store, one_shot=True)) as ledger,
         click.open_file(output or "-", "wb") as out,
-        contextlib.closing(stored_rows(ledger, run_id)) as stream,
     ):
-        for _, data in stream:
-            out.write(canonical_bytes(_generic.decode(data)))
-            written += 1
+        streams = ([REGISTRY_RUN] if ledger.state(REGISTRY_RUN).signatures_required else []) + [run_id]
+        for stream_id in dict.fromkeys(streams):
+            with contextlib.closing(stored_rows(ledger, stream_id)) as stream:
+                for _, data in stream:
+                    out.write(canonical_bytes(_generic.decode(data)))
+                    written += stream_id == run_id
     if not written:
         raise Failed(f"no events for run {run_id!r}")
     return 0

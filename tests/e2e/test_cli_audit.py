@@ -13,6 +13,7 @@ from test_cli import baton, lines, rewrite_worker
 
 from baton.adapters.cli import audit as cli_audit
 from baton.adapters.cli import main
+from baton.domain.chain import envelope_digest
 
 
 def in_process(*args: str) -> tuple[int, str]:
@@ -92,10 +93,13 @@ def test_a_tampered_store_exits_1_naming_code_and_position(demo_dir: Path, run_i
 
 
 def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
-    """Given an export of the demo run, when verified it passes; when one line is altered, it fails there."""
+    """Given an export of the demo run (its signed store's registry first), when verified it passes,
+    signatures included; when one line is altered, it fails there."""
     export = tmp_path / "run.jsonl"
     assert baton(demo_dir, "export", run_id, "--format", "jsonl", "-o", str(export)).returncode == 0
-    rows = [json.loads(line) for line in export.read_text().splitlines()]
+    every = [json.loads(line) for line in export.read_text().splitlines()]
+    assert [row["run_id"] for row in every[:4]] == ["baton:registry"] * 4
+    rows = every[4:]
     assert [row["position"] for row in rows] == [str(n) for n in range(1, 23)]  # canonical: integers as strings
     history = lines(baton(demo_dir, "history", run_id, "--json").stdout)
     assert [row["digest"] for row in rows] == [h["digest"] for h in history]
@@ -104,14 +108,14 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
     assert code == 0, verified
     assert json.loads(verified) == {
         "ok": True,
-        "runs_checked": 1,
-        "events_checked": 22,
+        "runs_checked": 2,
+        "events_checked": 26,
         "problems": [],
-        "identities_verified": False,  # an export holds one run, not the registry
+        "identities_verified": True,  # every signature checked against the registry in the file
     }
 
     text = export.read_text().splitlines(keepends=True)
-    text[6] = text[6].replace('"worker":"worker-a"', '"worker":"worker-z"', 1)
+    text[4 + 6] = text[4 + 6].replace('"worker":"worker-a"', '"worker":"worker-z"', 1)
     export.write_text("".join(text))
     failed = baton(tmp_path, "verify-export", str(export), "--json")  # a real process: no store anywhere
     assert failed.returncode == 1
@@ -161,3 +165,21 @@ def test_progress_bar_with_rate_on_a_terminal_and_never_with_json(
         assert ("ev/s" in terminal.getvalue()) is drawn
         assert "26/26 events" in terminal.getvalue() or not drawn  # the run's 22, the registry's 4
     capsys.readouterr()
+
+
+def test_a_forged_signature_in_an_export_is_found_offline(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
+    """Given an export whose last event got another event's signature and a re-sealed digest (its chain
+    still verifies), when verified with no store, then bad_signature names its position."""
+    export = tmp_path / "run.jsonl"
+    assert baton(demo_dir, "export", run_id, "--format", "jsonl", "-o", str(export)).returncode == 0
+    text = export.read_text().splitlines()
+    last, earlier = json.loads(text[-1]), json.loads(text[-2])
+    last["signature"] = earlier["signature"]
+    del last["digest"]
+    last["digest"] = envelope_digest(last)
+    export.write_text("\n".join([*text[:-1], json.dumps(last)]) + "\n")
+
+    failed = baton(tmp_path, "verify-export", str(export), "--json")
+
+    assert failed.returncode == 1
+    assert [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]] == [(22, "bad_signature")]
