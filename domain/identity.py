@@ -88,13 +88,13 @@ def identify(registry: RunState | None, submission: Submission) -> str | None:
     if not submission.signature or not submission.signed_by:
         raise errors.SignatureRequired("this store verifies identities: sign the submission")
     principal = principals.get(submission.worker)
-    owner = next((p for p in principals.values() if p.public_key == submission.signed_by), None)
+    owner = registry.principal_keys.get(submission.signed_by)
     if principal is None:
         raise errors.UnknownPrincipal(f"no principal {submission.worker!r} in the registry")
     if owner is None:
         raise errors.UnknownPrincipal("the submission is signed with a key no principal has")
-    if owner.name != principal.name:
-        raise errors.PrincipalMismatch(f"the submission names {principal.name!r} but the key is {owner.name!r}'s")
+    if owner != principal.name:
+        raise errors.PrincipalMismatch(f"the submission names {principal.name!r} but the key is {owner!r}'s")
     if principal.revoked:
         raise errors.PrincipalRevoked(f"principal {principal.name!r} was revoked")
     return _signed_with(submission, principal.public_key)
@@ -179,7 +179,7 @@ def _add(registry: RunState, command: AddPrincipal) -> PrincipalAdded:
     if command.name in registry.principals:
         raise errors.RunAlreadyExists(f"principal {command.name!r} already exists")
     _check_key(command.public_key)
-    if any(p.public_key == command.public_key for p in registry.principals.values()):
+    if command.public_key in registry.principal_keys:
         raise errors.Malformed("another principal already has this key: one key, one principal")
     return PrincipalAdded(command.name, _roles(command.roles), command.public_key)
 

@@ -157,6 +157,7 @@ class RunState(msgspec.Struct):
     # the registry stream only (``domain.identity.REGISTRY_RUN``): its principals, and whether the
     # store verifies signatures
     principals: dict[str, Principal] = {}
+    principal_keys: dict[str, str] = {}  # public key -> principal name (one key, one principal)
     signatures_required: bool = False
 
     @property
@@ -283,6 +284,7 @@ def _registry(
         state.signatures_required = body.signatures_required
     elif isinstance(body, PrincipalAdded):
         state.principals[body.name] = Principal(body.name, body.roles, body.public_key)
+        state.principal_keys[body.public_key] = body.name
     elif isinstance(body, PrincipalRolesChanged):
         state.principals[body.name] = msgspec.structs.replace(state.principals[body.name], roles=body.roles)
     else:
