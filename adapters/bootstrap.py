@@ -85,7 +85,7 @@ def register(url: str | None, operator_key: SigningKey, command: Command) -> Ver
         registry = ledger.state(REGISTRY_RUN)
         if not registry.opened:
             raise BatonError("this store has no registry: run `baton store init --operator-key FILE` first")
-        name = next((p.name for p in registry.principals.values() if p.public_key == operator_key.public_key), "")
+        name = registry.principal_keys.get(operator_key.public_key, "")
         submission = Submission(f"{name or 'unknown'}:{uuid.uuid4().hex}", REGISTRY_RUN, name or "unknown", command)
         return ledger.submit(operator_key.sign(submission))
     finally:
