@@ -91,7 +91,7 @@ def audit_store(
         progress(report.events_checked)
     report.ok = not report.problems
     history = registry_history(ledger)
-    report.identities_verified = history is not None and history.required_since is not None
+    report.identities_verified = history is not None and history.required
     return report
 
 
@@ -227,6 +227,6 @@ def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditRe
     report.problems.extend(fold.finish(anchor))
     report.runs_checked = len(finished) + 1
     report.events_checked = fold.events + sum(f.events for f in finished)
-    report.identities_verified = history is not None and history.required_since is not None
+    report.identities_verified = history is not None and history.required
     report.ok = not report.problems
     return report

@@ -93,11 +93,21 @@ def register(url: str | None, operator_key: SigningKey, command: Command) -> Ver
 
 
 def _open_registry(ledger: RunLedger, key: SigningKey | None, operator: str) -> None:
-    if ledger.state(REGISTRY_RUN).opened:
+    """Open the registry once; asked again, say so unless it is already what was asked for."""
+    registry = ledger.state(REGISTRY_RUN)
+    if registry.opened:
+        if key is None and registry.signatures_required:
+            raise BatonError("this store verifies identities already: it cannot become an unsigned store")
+        if key is not None and not registry.signatures_required:
+            raise BatonError("this store was opened unsigned: its registry cannot start verifying identities")
+        if key is not None and key.public_key not in registry.principal_keys:
+            raise BatonError("this store's registry was opened with another operator key")
         return
-    command = OpenRegistry(signatures_required=key is not None, public_key=key.public_key if key else "")
+    # the runs already in the store, and how far: their events up to there were never signed
+    existing = {row.run_id: row.head for row in ledger.runs() if row.run_id != REGISTRY_RUN}
+    command = OpenRegistry(key is not None, key.public_key if key else "", existing)
     submission = Submission(f"{operator}:open-registry", REGISTRY_RUN, operator, command)
-    verdict = ledger.submit(key.sign(submission) if key is not None else submission)
+    verdict = ledger.open_registry(key.sign(submission) if key is not None else submission)
     if verdict.verdict == "rejected":
         raise BatonError(f"could not open the registry: {verdict.reason}: {verdict.message}")
 

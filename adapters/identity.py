@@ -86,27 +86,30 @@ def _verifies(public_key: str, signature: str, digest: str) -> bool:
 class RegistryHistory:
     """The registry as it was over time, read from its events: who wrote each event, checked offline.
 
-    For the audit (``projections.audit.AuditFold``'s ``authorship``): an event recorded after the
-    registry required signatures must be signed, by a principal added no later than the event and
-    not revoked before it, with a signature that verifies over its ``signed_digest``.
+    For the audit (``projections.audit.AuditFold``'s ``authorship``): in a store whose registry
+    requires signatures, every event must be signed except those the registry's opening lists as
+    already in the store (``RegistryOpened.existing``: its runs and their heads), by a principal
+    added no later than the event and not revoked before it (by the store's clock), with a
+    signature that verifies over its ``signed_digest``.
     """
 
     def __init__(self, events: Iterable[RecordedEvent]) -> None:
-        self.required_since: int | None = None
+        self.required = False
+        self.existing: dict[str, int] = {}
         self.keys: dict[str, str] = {}
         self.added: dict[str, int] = {}
         self.revoked: dict[str, int] = {}
         for event in events:
             body = event.body
             if isinstance(body, RegistryOpened) and body.signatures_required:
-                self.required_since = event.recorded_at
+                self.required, self.existing = True, dict(body.existing)
             elif isinstance(body, PrincipalAdded):
                 self.keys[body.name], self.added[body.name] = body.public_key, event.recorded_at
             elif isinstance(body, PrincipalRevoked):
                 self.revoked[body.name] = event.recorded_at
 
     def __call__(self, event: RecordedEvent) -> tuple[str, str] | None:
-        if self.required_since is None or event.recorded_at < self.required_since:
+        if not self.required or event.position <= self.existing.get(event.run_id, 0):
             return None
         if not event.signature:
             return "unsigned", f"{event.type} from {event.worker!r} carries no signature"

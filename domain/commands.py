@@ -259,6 +259,7 @@ class OpenRegistry(_Command, tag="open_registry", frozen=True):
 
     signatures_required: bool
     public_key: str = ""
+    existing: dict[str, int] = {}  # runs in the store before it, and their heads: those events are unsigned
 
 
 class AddPrincipal(_Command, tag="add_principal", frozen=True):

@@ -374,6 +374,9 @@ class RegistryOpened(_Event, tag=True, frozen=True):
     signatures_required: bool
     operator: str = ""
     public_key: str = ""
+    # the runs the store held before, and their heads: their events up to there are unsigned; every
+    # other event must be signed (an audit reads this, not clocks, to tell which events need signatures)
+    existing: dict[str, int] = {}
 
 
 class PrincipalAdded(_Event, tag=True, frozen=True):

@@ -17,6 +17,8 @@ must verify it, and the ledger's adapter verifies (``adapters/identity``).
 
 from __future__ import annotations
 
+import base64
+
 import msgspec
 
 from baton.domain import errors
@@ -167,12 +169,10 @@ def _open_registry(registry: RunState, operator: str, command: OpenRegistry) -> 
     if registry.opened:
         raise errors.RunAlreadyExists("the registry is already open")
     if not command.signatures_required:
-        return [RegistryOpened(False)]
+        return [RegistryOpened(False, existing=command.existing)]
     _check_key(command.public_key)
-    return [
-        RegistryOpened(True, operator, command.public_key),
-        PrincipalAdded(operator, ("operator",), command.public_key),
-    ]
+    opened = RegistryOpened(True, operator, command.public_key, command.existing)
+    return [opened, PrincipalAdded(operator, ("operator",), command.public_key)]
 
 
 def _add(registry: RunState, command: AddPrincipal) -> PrincipalAdded:
@@ -185,13 +185,22 @@ def _add(registry: RunState, command: AddPrincipal) -> PrincipalAdded:
 
 
 def _roles(roles: tuple[Role, ...]) -> tuple[Role, ...]:
+    """One order, no repeats; a judge of work (approver, verifier) never does work itself: a worker
+    could otherwise release its lease, approve its own proposal and take the lease back."""
     if not roles:
         raise errors.Malformed("a principal needs at least one role")
-    return tuple(r for r in ROLES if r in roles)  # one order, no repeats
+    if "worker" in roles and ("approver" in roles or "verifier" in roles):
+        raise errors.Malformed("a worker cannot also be an approver or a verifier: register another principal")
+    return tuple(r for r in ROLES if r in roles)
 
 
 def _check_key(public_key: str) -> None:
-    """A key is ``ed25519:`` and the base64 of 32 bytes (44 characters ending ``=``)."""
+    """A key is ``ed25519:`` and the canonical base64 of 32 bytes: one spelling per key, so one key
+    cannot be registered twice under two spellings."""
     body = public_key.removeprefix(KEY_PREFIX)
-    if not public_key.startswith(KEY_PREFIX) or len(body) != 44 or not body.endswith("="):
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except ValueError:
+        raw = b""
+    if not public_key.startswith(KEY_PREFIX) or len(raw) != 32 or base64.b64encode(raw).decode() != body:
         raise errors.Malformed(f"a public key is {KEY_PREFIX}<base64 of 32 bytes>")

@@ -21,8 +21,9 @@ from baton.adapters.eventstore.ports import AsyncAppender, FencedRecorder
 from baton.adapters.eventstore.reads import SNAPSHOT_EVERY, LedgerReads
 from baton.adapters.eventstore.state_cache import StateCache, working_copy
 from baton.adapters.eventstore.write_path import WritePath, submission_digest
+from baton.domain import errors
 from baton.domain.chain import ChainReport
-from baton.domain.commands import Submission, Verdict
+from baton.domain.commands import OpenRegistry, Submission, Verdict
 from baton.domain.events import RecordedEvent
 from baton.domain.state import RunState
 from baton.projections.portable_state import PortableStateFold
@@ -96,11 +97,23 @@ class RunLedger(Application[str]):
 
     def submit(self, submission: Submission) -> Verdict:
         """Decide and append one submission: a verdict, or ``StoreUnavailable``; never a half-write."""
+        if isinstance(submission.command, OpenRegistry):
+            return _genesis_refused(submission)
         return self._writes.submit(submission)
 
     def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
         """Submit a batch in one transaction when every submission is accepted, else each on its own."""
+        if any(isinstance(s.command, OpenRegistry) for s in submissions):
+            return [self.submit(s) for s in submissions]
         return self._writes.submit_many(submissions)
+
+    def open_registry(self, submission: Submission) -> Verdict:
+        """Open the store's principal registry (``bootstrap.init_store`` does, for an operator).
+
+        Not through ``submit``: on a store without a registry, whoever opened it would become its
+        operator, so the wire never can.
+        """
+        return self._writes.submit(submission)
 
     async def asubmit(self, submission: Submission, *, riders: Riders | None = None) -> Verdict | None:
         """Submit from an event loop without blocking it: the verdict when it is accepted at once, else None.
@@ -111,6 +124,8 @@ class RunLedger(Application[str]):
         and answers ``duplicate`` if this try did commit.
         """
         appender = self.async_appends
+        if isinstance(submission.command, OpenRegistry):
+            return _genesis_refused(submission)
         if appender is None:
             return None
         return await self._writes.asubmit(appender, submission, riders=riders)
@@ -126,3 +141,10 @@ class RunLedger(Application[str]):
             appender.close()
         self.store.close()
         super().close()
+
+
+def _genesis_refused(submission: Submission) -> Verdict:
+    message = "the registry is opened by `baton store init`, never by a submission"
+    return Verdict(
+        submission.submission_id, "rejected", submission.run_id, reason=errors.Malformed.reason, message=message
+    )

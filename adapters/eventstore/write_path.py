@@ -31,22 +31,18 @@ from baton.adapters.eventstore.state_cache import StateCache, working_copy
 from baton.adapters.identity import verify_signature
 from baton.domain import errors, identity
 from baton.domain.chain import seal_stored
-from baton.domain.commands import AcceptHandoff, AcquireLease, ExpireLease, OpenRun, Submission, Verdict
-from baton.domain.decide import decide, envelope_epoch
+from baton.domain.commands import AcceptHandoff, Submission, Verdict
+from baton.domain.decide import UNFENCED_COMMANDS, decide, envelope_epoch
 from baton.domain.fencing import Fence, fence_for
 from baton.domain.identity import REGISTRY_RUN
 from baton.domain.state import RunState, apply
 
 __all__ = ["WritePath", "submission_digest"]
 
-_UNFENCED = (
-    OpenRun,
-    AcquireLease,
-    ExpireLease,
-    AcceptHandoff,
-    *identity.REGISTRY_COMMANDS,
-)  # a lost race is re-decided, not called stale
+# whose sender need not hold the lease: a lost race is re-decided, not called stale
+_UNFENCED = (*UNFENCED_COMMANDS, AcceptHandoff, *identity.REGISTRY_COMMANDS)
 _MAX_ATTEMPTS = 16
+UNOPENED_RECHECK_S = 1.0
 
 
 class _Draft(NamedTuple):
@@ -71,6 +67,7 @@ class WritePath:
         self.store = store
         self.cache = cache
         self.clock = clock
+        self._unopened_until = 0.0  # until then, a cached "no registry" is believed without a look
 
     def current(self, run_id: str, *, refresh: bool = True) -> RunState:
         """The cached state, caught up with the store's log unless ``refresh`` is off.
@@ -136,10 +133,11 @@ class WritePath:
         try:
             state = self.cache.get(submission.run_id)
             registry = self.cache.get(REGISTRY_RUN)
-            if state is None or registry is None:
+            if state is None or registry is None or (not registry.opened and self._unopened_expired()):
                 return None
             states = {submission.run_id: state}
-            draft = self._draft([submission], states, _opened(registry), refresh=False, all_or_nothing=True)
+            read = None if submission.run_id == REGISTRY_RUN else _opened(registry)  # else it is in ``states``
+            draft = self._draft([submission], states, read, refresh=False, all_or_nothing=True)
             if not isinstance(draft, _Draft):
                 return None
             try:
@@ -180,12 +178,26 @@ class WritePath:
     def _registry(self, *, refresh: bool) -> RunState | None:
         """The principal registry's state, if the store has one: cached states are never changed, so
         a cached one is read without its lock; folding it takes the lock, and lets go before any other.
-        A ledger reads a store without a registry once: one opened later is seen when it restarts."""
+
+        An open registry is fenced by every append, so a cached one is refreshed only on a retry. A
+        store without one has nothing to fence: the ledger looks for its run row again at most every
+        ``UNOPENED_RECHECK_S``, so a registry opened by another process binds this one within that.
+        """
         registry = self.cache.get(REGISTRY_RUN)
+        if registry is not None and not registry.opened and self._unopened_expired():
+            if self.store.select_run(REGISTRY_RUN) is None:
+                self._unopened_until = time.monotonic() + UNOPENED_RECHECK_S
+            else:
+                registry = None
         if registry is None or (refresh and registry.opened):
             with self.cache.locked([REGISTRY_RUN]):
                 registry = self.current(REGISTRY_RUN)
+            if not registry.opened:
+                self._unopened_until = time.monotonic() + UNOPENED_RECHECK_S
         return _opened(registry)
+
+    def _unopened_expired(self) -> bool:
+        return time.monotonic() >= self._unopened_until
 
     def _draft(
         self,

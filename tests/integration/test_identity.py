@@ -4,6 +4,7 @@ when it keeps them, its events carry the signature. On SQLite and PostgreSQL ali
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from test_tampering import force_update
 from baton.adapters.audit_runner import audit_store
 from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.clock import ManualClock
-from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore import RunLedger, write_path
 from baton.adapters.identity import SigningKey, verify_signature
 from baton.domain.chain import envelope_digest
 from baton.domain.commands import (
@@ -26,11 +27,13 @@ from baton.domain.commands import (
     Command,
     GrantApproval,
     GrantAuthority,
+    OpenRegistry,
     OpenRun,
     RevokePrincipal,
     Submission,
     Verdict,
 )
+from baton.domain.errors import BatonError
 from baton.domain.events import Placement, Role
 from baton.domain.identity import REGISTRY_RUN, signed_digest
 
@@ -131,10 +134,8 @@ def test_roles_decide_who_may_do_what(signed: Signed) -> None:
     refused(signed, carol.sign(signed.submission("carol", intent("op-1"), epoch=1)), "role_not_allowed")
     approval = signed.submission("alice", GrantApproval("ap-1", "sha256:" + "p" * 64, "commit", 60_000))
     refused(signed, signed.keys["alice"].sign(approval), "role_not_allowed")  # alice is no approver
-    assert (
-        signed.send("operator", ChangeRoles("alice", ("worker", "approver")), run_id=REGISTRY_RUN).verdict == "accepted"
-    )
-    refused(signed, signed.keys["alice"].sign(approval), "self_approval")  # ... and never of her own work
+    both = signed.send("operator", ChangeRoles("alice", ("worker", "approver")), run_id=REGISTRY_RUN)
+    assert (both.verdict, both.reason) == ("rejected", "malformed")  # a worker never judges work, not even later
     assert signed.send("carol", GrantApproval("ap-2", "sha256:" + "p" * 64, "commit", 60_000)).verdict == "accepted"
 
 
@@ -200,3 +201,102 @@ def test_the_audit_checks_every_signature_and_names_a_forged_one(signed: Signed)
     found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
 
     assert found == {(second.position, "bad_signature")}
+
+
+# -- found in review: each of these once let something through --------------------------------
+
+
+def test_asking_for_another_kind_of_registry_than_the_store_has_is_an_error(store_url: str) -> None:
+    init_store(store_url, unsigned=True)
+    with pytest.raises(BatonError, match="opened unsigned"):
+        init_store(store_url, operator_key=SigningKey.generate())
+
+
+def test_a_signed_store_refuses_another_operator_key_and_an_unsigned_reopen(signed: Signed, store_url: str) -> None:
+    with pytest.raises(BatonError, match="another operator key"):
+        init_store(store_url, operator_key=SigningKey.generate())
+    with pytest.raises(BatonError, match="cannot become an unsigned store"):
+        init_store(store_url, unsigned=True)
+    init_store(store_url, operator_key=signed.keys["operator"])  # what it is: nothing to do
+
+
+def test_nobody_opens_a_registry_by_submitting_one(store_url: str) -> None:
+    """Given a store without a registry, when anyone submits an OpenRegistry (sync, batch or async),
+    then it is refused: whoever opened it would become the operator. Only init_store opens it."""
+    init_store(store_url)
+    mallory = SigningKey.generate()
+    genesis = mallory.sign(Submission("g-1", REGISTRY_RUN, "mallory", OpenRegistry(True, mallory.public_key)))
+    ledger = open_ledger(store_url)
+    try:
+        assert ledger.submit(genesis).reason == "malformed"
+        assert [v.reason for v in ledger.submit_many([genesis])] == ["malformed"]
+        assert asyncio.run(ledger.asubmit(genesis)).reason == "malformed"  # type: ignore[union-attr]
+        assert not ledger.state(REGISTRY_RUN).opened
+    finally:
+        ledger.close()
+
+
+def test_a_ledger_started_before_the_registry_opened_is_bound_by_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a ledger that cached "no registry", when another process opens one, then within the
+    recheck interval the ledger refuses unsigned submissions."""
+    monkeypatch.setattr(write_path, "UNOPENED_RECHECK_S", 0.0)
+    init_store(store_url)
+    early = open_ledger(store_url)
+    try:
+        assert early.submit(Submission("s-1", "r-early", "w", OpenRun("rel-1", "agent", 1, TASK))).verdict == "accepted"
+        init_store(store_url, operator_key=SigningKey.generate())
+        late = early.submit(Submission("s-2", "r-late", "mallory", OpenRun("rel-1", "agent", 1, TASK)))
+        assert (late.verdict, late.reason) == ("rejected", "signature_required")
+        registry = early.state(REGISTRY_RUN)
+        assert registry.signatures_required
+        assert audit_store(early).problems == []  # r-early's event was there before: listed, exempt
+    finally:
+        early.close()
+
+
+def test_an_unsigned_event_forged_into_a_signed_store_is_found_whatever_its_time(signed: Signed) -> None:
+    """The audit tells which events need a signature by the registry's opening (the runs and heads it
+    lists), not by clocks: a backdated, unsigned, re-sealed event is still ``unsigned``."""
+    verdict = signed.send("alice", intent("op-1"), epoch=1)
+    forged = msgspec.json.decode(signed.store.state_bytes(RUN, verdict.position))
+    del forged["signature"], forged["signed_digest"], forged["digest"]
+    forged["recorded_at"] = "1"
+    forged["digest"] = envelope_digest(forged)
+    force_update(signed.store, verdict.position, msgspec.json.encode(forged), run_id=RUN)
+    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+
+    found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
+
+    assert (verdict.position, "unsigned") in found
+
+
+def test_an_approval_after_a_registry_change_elsewhere_is_accepted(signed: Signed, store_url: str) -> None:
+    other = open_ledger(store_url)
+    try:
+        newcomer = AddPrincipal("zed", ("worker",), SigningKey.generate().public_key)
+        submission = signed.submission("operator", newcomer, run_id=REGISTRY_RUN)
+        assert other.submit(signed.keys["operator"].sign(submission)).verdict == "accepted"
+    finally:
+        other.close()
+
+    assert signed.send("carol", GrantApproval("ap-z", "sha256:" + "z" * 64)).verdict == "accepted"
+
+
+def test_a_registry_command_from_an_event_loop_gets_a_verdict(signed: Signed) -> None:
+    add = signed.submission(
+        "operator", AddPrincipal("dan", ("worker",), SigningKey.generate().public_key), run_id=REGISTRY_RUN
+    )
+
+    verdict = asyncio.run(signed.ledger.asubmit(signed.keys["operator"].sign(add)))
+
+    assert verdict is None or verdict.verdict == "accepted"  # None: the caller takes the sync path
+
+
+def test_one_key_has_one_spelling(signed: Signed) -> None:
+    key = signed.keys["bob"].public_key
+    respelled = key[:-2] + chr(ord(key[-2]) + 1) + "="  # other trailing bits, the same 32 bytes
+    add = signed.submission("operator", AddPrincipal("bob2", ("worker",), respelled), run_id=REGISTRY_RUN)
+
+    refused(signed, signed.keys["operator"].sign(add), "malformed")
