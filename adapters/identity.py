@@ -10,6 +10,7 @@ import base64
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
@@ -17,9 +18,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from baton.domain import errors
+from baton.domain.canonical import canonical_bytes
 from baton.domain.commands import Submission
 from baton.domain.events import PrincipalAdded, PrincipalRevoked, RecordedEvent, RegistryOpened
-from baton.domain.identity import KEY_PREFIX, signed_digest
+from baton.domain.identity import KEY_PREFIX, content_digest, signed_digest
 
 __all__ = ["RegistryHistory", "SigningKey", "verify_signature"]
 
@@ -94,6 +96,7 @@ class RegistryHistory:
     """
 
     def __init__(self, events: Iterable[RecordedEvent]) -> None:
+        self._submission: tuple[str, str, str] | None = None  # (run, submission id, signed digest) being read
         self.required = False
         self.existing: dict[str, int] = {}
         self.keys: dict[str, str] = {}
@@ -121,4 +124,36 @@ class RegistryHistory:
             return "principal_revoked", f"{event.type} from {event.worker!r} after its revocation"
         if not _verifies(key, event.signature, event.signed_digest):
             return "bad_signature", f"{event.type}'s signature does not verify with {event.worker!r}'s key"
+        return self._content(event)
+
+    def _content(self, event: RecordedEvent) -> tuple[str, str] | None:
+        """The events of a signed submission are what it asked for: its first keeps the signed content,
+        whose digest is the one signed; the envelope names its run, author and id; the body's fields
+        that the command also has hold the command's values; its later events carry the same digest."""
+        ongoing = self._submission
+        if ongoing is not None and ongoing[:2] == (event.run_id, event.submission_id):
+            if event.signed_digest != ongoing[2]:
+                return "signed_content_mismatch", f"{event.type} carries another signed digest than its submission"
+            return None
+        self._submission = (event.run_id, event.submission_id, event.signed_digest)
+        content = event.signed_submission
+        if content is None or content_digest(content) != event.signed_digest:
+            return "signed_content_mismatch", f"{event.type}: the signed submission is missing or not the one signed"
+        named = (content.get("run_id"), content.get("worker"), content.get("submission_id"))
+        if named != (event.run_id, event.worker, event.submission_id):
+            return (
+                "signed_content_mismatch",
+                f"{event.type}: the envelope names another run, author or id than was signed",
+            )
+        command: dict[str, Any] = content.get("command") or {}
+        body: dict[str, Any] = msgspec.to_builtins(event.body)
+        for name, value in command.items():
+            if name == "type" or name not in body or (command.get("type"), name) in _TRANSFORMED:
+                continue
+            if canonical_bytes({name: body[name]}) != canonical_bytes({name: value}):
+                return "signed_content_mismatch", f"{event.type}.{name} is not what the signed submission asked"
         return None
+
+
+# command fields whose event field of the same name the ledger rewrites (a purge's tombstone reason)
+_TRANSFORMED = frozenset({("purge_thread", "reason")})

@@ -20,7 +20,7 @@ from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, sche
 from baton.domain.commands import Submission
 from baton.domain.errors import ChainBroken
 from baton.domain.events import Event, RecordedEvent
-from baton.domain.identity import signed_digest
+from baton.domain.identity import signed_content, signed_digest
 
 __all__ = [
     "EVENT_PREFIX",
@@ -93,9 +93,13 @@ def seal_stored(
         signed = signed_digest(submission)
     sealed: list[tuple[RecordedEvent, bytes]] = []
     prev = head_digest
+    content = signed_content(submission) if signature else None
     for offset, body in enumerate(bodies, start=1):
         position = head + offset
-        unsealed = RecordedEvent(run_id, position, epoch, worker, submission_id, now, prev, body, "", signed, signature)
+        kept = content if offset == 1 else None
+        unsealed = RecordedEvent(
+            run_id, position, epoch, worker, submission_id, now, prev, body, "", signed, signature, kept
+        )
         canonical = envelope_bytes(unsealed)
         digest = digest_of(EVENT_PREFIX, canonical)
         event = msgspec.structs.replace(unsealed, digest=digest)

@@ -489,6 +489,9 @@ class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     # unsigned envelope has the bytes envelopes had before signatures
     signed_digest: str = ""
     signature: str = ""
+    # the first event of a signed submission keeps what was signed (``identity.signed_content``), so
+    # an auditor can check offline that the events are what their author asked for
+    signed_submission: dict[str, Any] | None = None
 
     @property
     def type(self) -> str:

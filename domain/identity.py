@@ -18,6 +18,7 @@ must verify it, and the ledger's adapter verifies (``adapters/identity``).
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import msgspec
 
@@ -57,6 +58,8 @@ __all__ = [
     "decide_registry",
     "identify",
     "require_role",
+    "content_digest",
+    "signed_content",
     "signed_digest",
 ]
 
@@ -67,11 +70,21 @@ REGISTRY_COMMANDS = (OpenRegistry, AddPrincipal, ChangeRoles, RevokePrincipal)
 _OPERATOR_COMMANDS = (*REGISTRY_COMMANDS, GrantAuthority, RevokeAuthority, PurgeThread)
 
 
+def signed_content(submission: Submission) -> dict[str, Any]:
+    """What a submission's author signs: its builtins without ``signature`` (kept in its first event)."""
+    plain: dict[str, Any] = msgspec.to_builtins(submission)
+    del plain["signature"]
+    return plain
+
+
 def signed_digest(submission: Submission) -> str:
     """What a submission's signature signs: the digest of its canonical bytes without ``signature``."""
-    plain = msgspec.to_builtins(submission)
-    del plain["signature"]
-    return digest_of(SIGNATURE_PREFIX, canonical_bytes(plain))
+    return content_digest(signed_content(submission))
+
+
+def content_digest(content: dict[str, Any]) -> str:
+    """The signed digest of ``signed_content`` (or of that content as stored in an event)."""
+    return digest_of(SIGNATURE_PREFIX, canonical_bytes(content))
 
 
 def identify(registry: RunState | None, submission: Submission) -> str | None:
@@ -185,13 +198,16 @@ def _add(registry: RunState, command: AddPrincipal) -> PrincipalAdded:
 
 
 def _roles(roles: tuple[Role, ...]) -> tuple[Role, ...]:
-    """One order, no repeats; a judge of work (approver, verifier) never does work itself: a worker
-    could otherwise release its lease, approve its own proposal and take the lease back."""
+    """No repeats (kept in the order given, as signed); a judge of work (approver, verifier) never
+    does work itself: a worker could otherwise release its lease, approve its own proposal and take
+    the lease back."""
     if not roles:
         raise errors.Malformed("a principal needs at least one role")
     if "worker" in roles and ("approver" in roles or "verifier" in roles):
         raise errors.Malformed("a worker cannot also be an approver or a verifier: register another principal")
-    return tuple(r for r in ROLES if r in roles)
+    if len(set(roles)) != len(roles) or not set(roles) <= set(ROLES):
+        raise errors.Malformed(f"roles are distinct, of {', '.join(ROLES)}")
+    return roles
 
 
 def _check_key(public_key: str) -> None:

@@ -81,6 +81,7 @@ CODES: dict[str, str] = {
     "unknown_principal": "an event signed for a name the registry did not hold at that time",
     "principal_revoked": "an event from a principal recorded after its revocation",
     "bad_signature": "an event whose signature does not verify with its author's registered key",
+    "signed_content_mismatch": "a signed event that is not what its signed submission asked for",
     # reporting
     "too_many_problems": "reporting stopped for this run; more problems may follow",
 }

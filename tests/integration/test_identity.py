@@ -300,3 +300,20 @@ def test_one_key_has_one_spelling(signed: Signed) -> None:
     add = signed.submission("operator", AddPrincipal("bob2", ("worker",), respelled), run_id=REGISTRY_RUN)
 
     refused(signed, signed.keys["operator"].sign(add), "malformed")
+
+
+def test_a_body_changed_under_a_kept_signature_is_found(signed: Signed) -> None:
+    """Given a signed intent, when an attacker with database access changes its tool contract, keeps
+    its signature and signed digest, and re-seals the chain, then the audit names it: the event keeps
+    the signed submission, and the body must be what it asked for."""
+    verdict = signed.send("alice", intent("op-1"), epoch=1)
+    forged = msgspec.json.decode(signed.store.state_bytes(RUN, verdict.position))
+    forged["body"]["tool_contract"] = "deploy@1"
+    del forged["digest"]
+    forged["digest"] = envelope_digest(forged)
+    force_update(signed.store, verdict.position, msgspec.json.encode(forged), run_id=RUN)
+    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+
+    found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
+
+    assert found == {(verdict.position, "signed_content_mismatch")}
