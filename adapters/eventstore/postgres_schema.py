@@ -84,28 +84,8 @@ $fence$
 
 # One append in one statement: the append lock, fence, submission rows, notification and insert, in
 # the order ``PostgresApplicationRecorder.insert_events`` runs them (the append lock in place of the
-# library's table lock).
+# library's table lock); the events as one JSON parameter, states in base64 (version 3).
 _APPEND_FUNCTION = """
-CREATE OR REPLACE FUNCTION {schema}.baton_append_events(p_fences json, p_submissions json, p_ids text[],
-    p_versions bigint[], p_topics text[], p_states bytea[], p_channel text) RETURNS SETOF bigint
-    LANGUAGE plpgsql AS $append$
-BEGIN
-    PERFORM <append_lock>;
-    IF p_fences IS NOT NULL THEN
-        PERFORM {schema}.baton_fence(p_fences);
-    END IF;
-    INSERT INTO {schema}.baton_submissions (submission_id, run_id, content_digest, position)
-        SELECT * FROM json_to_recordset(p_submissions)
-        AS x(submission_id text, run_id text, content_digest text, "position" bigint);
-    PERFORM pg_notify(p_channel, '');
-    RETURN QUERY INSERT INTO {schema}.{table} AS t (originator_id, originator_version, topic, state)
-        SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states) RETURNING t.notification_id;
-END
-$append$
-""".replace("<append_lock>", APPEND_LOCK)
-
-# Version 3: the events as one JSON parameter (states in base64), in place of four arrays.
-_APPEND_FUNCTION_JSON = """
 CREATE OR REPLACE FUNCTION {schema}.baton_append_events(p_fences json, p_submissions json, p_events json,
     p_channel text) RETURNS SETOF bigint LANGUAGE plpgsql AS $append$
 BEGIN
@@ -226,14 +206,15 @@ def migrations(schema: str, events_table: str) -> tuple[Migration, ...]:
                 "coalesce((SELECT max(notification_id) FROM {schema}.{table}), 0) + 1, false)",
                 "ALTER TABLE {schema}.{table} ALTER COLUMN notification_id SET DEFAULT nextval({sequence}::regclass)",
                 _FENCE_FUNCTION,
+                # version 2 also made an append function taking arrays, which version 3 drops; the
+                # migrations a store lacks run in one transaction, so no append ever needed it
                 _DROP_OLD_APPEND,
-                _APPEND_FUNCTION,
             ),
         ),
         Migration(
             3,
             "baton_append_events takes its events as one JSON parameter",
-            sql(_APPEND_FUNCTION_JSON, _DROP_ARRAY_APPEND),
+            sql(_APPEND_FUNCTION, _DROP_ARRAY_APPEND),
         ),
     )
 

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import pytest
@@ -81,6 +82,16 @@ def signed(store_url: str) -> Iterator[Signed]:
     assert world.send("alice", AcquireLease(Placement("alice"), 30_000)).verdict == "accepted"
     yield world
     ledger.close()
+
+
+def reseal_last(world: Signed, forged: dict[str, Any]) -> None:
+    """What an attacker with database access does to the run's last event: write ``forged`` in its
+    place with a digest of its own, and move the run row's head digest to it (the chain verifies)."""
+    forged.pop("digest", None)
+    forged["digest"] = envelope_digest(forged)
+    position = int(forged["position"])
+    force_update(world.store, position, msgspec.json.encode(forged), run_id=RUN)
+    world.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
 
 
 def refused(world: Signed, submission: Submission, reason: str) -> None:
@@ -193,10 +204,7 @@ def test_the_audit_checks_every_signature_and_names_a_forged_one(signed: Signed)
     events = {e.position: e for e in signed.ledger.history(RUN)}
     forged = msgspec.json.decode(signed.store.state_bytes(RUN, second.position))
     forged["signature"] = events[first.position].signature  # alice's, but over another digest
-    del forged["digest"]
-    forged["digest"] = envelope_digest(forged)
-    force_update(signed.store, second.position, msgspec.json.encode(forged), run_id=RUN)
-    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+    reseal_last(signed, forged)
 
     found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
 
@@ -261,11 +269,9 @@ def test_an_unsigned_event_forged_into_a_signed_store_is_found_whatever_its_time
     lists), not by clocks: a backdated, unsigned, re-sealed event is still ``unsigned``."""
     verdict = signed.send("alice", intent("op-1"), epoch=1)
     forged = msgspec.json.decode(signed.store.state_bytes(RUN, verdict.position))
-    del forged["signature"], forged["signed_digest"], forged["digest"]
+    del forged["signature"], forged["signed_digest"]
     forged["recorded_at"] = "1"
-    forged["digest"] = envelope_digest(forged)
-    force_update(signed.store, verdict.position, msgspec.json.encode(forged), run_id=RUN)
-    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+    reseal_last(signed, forged)
 
     found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
 
@@ -309,10 +315,7 @@ def test_a_body_changed_under_a_kept_signature_is_found(signed: Signed) -> None:
     verdict = signed.send("alice", intent("op-1"), epoch=1)
     forged = msgspec.json.decode(signed.store.state_bytes(RUN, verdict.position))
     forged["body"]["tool_contract"] = "deploy@1"
-    del forged["digest"]
-    forged["digest"] = envelope_digest(forged)
-    force_update(signed.store, verdict.position, msgspec.json.encode(forged), run_id=RUN)
-    signed.store.execute(("UPDATE baton_runs SET head_digest = ? WHERE run_id = ?", (forged["digest"], RUN)))
+    reseal_last(signed, forged)
 
     found = {(p.position, p.code) for p in audit_store(open_ledger(signed.store.url)).problems}
 
