@@ -3,7 +3,8 @@
 The audit reads the stored bytes of every run in one ordered scan (``originator_id``, then
 position), feeds them to ``projections.audit.AuditFold`` one run at a time and anchors each run's
 head to its run row; a large PostgreSQL store is split into key ranges of whole runs, one process
-each, joined in key order, so the report is the one a single process gives.
+each, joined in key order, so the report is the one a single process gives. A run's stored resume
+snapshots are handed to its fold, which compares each with the fold at its position.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.eventstore import RunLedger
-from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, stored_rows
+from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, snapshot_runs, stored_rows, stored_snapshots
 from baton.adapters.identity import RegistryHistory
 from baton.domain.errors import BatonError, StoreUnavailable
 from baton.domain.events import RecordedEvent
@@ -83,9 +84,10 @@ def audit_store(
         report.runs_checked += part.runs_checked
         report.events_checked += part.events_checked
         seen |= part_seen
-    for missing in sorted(anchors.keys() - seen):  # a run row whose events are all gone
-        empty = AuditFold(missing)
-        report.problems.extend(empty.finish(anchors[missing]))
+    # a run row whose events are all gone, or snapshots of a run with neither events nor a run row
+    for missing in sorted((anchors.keys() | snapshot_runs(ledger, run_id)) - seen):
+        empty = AuditFold(missing, snapshots=stored_snapshots(ledger, missing))
+        report.problems.extend(empty.finish(anchors.get(missing), anchored=True))
         report.runs_checked += 1
     if progress is not None:
         progress(report.events_checked)
@@ -116,6 +118,7 @@ def _audit_range(
         report.events_checked += fold.events
 
     authorship = registry_history(ledger)
+    with_snapshots = snapshot_runs(ledger, run_id, key_range=key_range)
     current: str | None = None  # the run of ``fold``
     apply: Callable[[bytes], None] | None = None  # its ``apply_stored``
     count = 0
@@ -124,7 +127,9 @@ def _audit_range(
             if originator_id != current or apply is None:
                 if fold is not None:
                     close(fold)
-                fold, current = AuditFold(originator_id, authorship=authorship), originator_id
+                held = stored_snapshots(ledger, originator_id) if originator_id in with_snapshots else None
+                fold = AuditFold(originator_id, authorship=authorship, snapshots=held)
+                current = originator_id
                 apply = fold.apply_stored
                 seen.add(originator_id)
             apply(data)

@@ -10,6 +10,7 @@ from eventsourcing.utils import Environment
 from baton.adapters.clock import Clock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import SqlConnection
+from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph.index import create_index_tables
 from baton.adapters.settings import StoreSettings
@@ -18,7 +19,7 @@ from baton.domain.commands import Command, OpenRegistry, Submission, Verdict
 from baton.domain.errors import BatonError
 from baton.domain.identity import REGISTRY_RUN
 
-__all__ = ["init_store", "open_ledger", "open_views", "register"]
+__all__ = ["init_store", "open_ledger", "open_views", "register", "store_identity"]
 
 
 def open_ledger(url: str | None = None, *, clock: Clock | None = None, one_shot: bool = False) -> RunLedger:
@@ -73,6 +74,19 @@ def init_store(
     finally:
         side.close()
     return settings
+
+
+def store_identity(url: str | None = None) -> StoreIdentity:
+    """The store's identity, made by the ``baton store init`` that created its schema: the id and
+    public key others know it by (``baton store id``), and the key it tags snapshots with."""
+    ledger = open_ledger(url, one_shot=True)
+    try:
+        identity = ledger.store.select_store_identity()
+    finally:
+        ledger.close()
+    if identity is None:
+        raise BatonError("this store has lost its identity: its baton_store row is missing (restore it from a backup)")
+    return identity
 
 
 def register(url: str | None, operator_key: SigningKey, command: Command) -> Verdict:

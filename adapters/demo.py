@@ -32,6 +32,7 @@ from baton.domain.commands import (
     RecordIntent,
     RecordObservation,
     RecordTransition,
+    ResumeFrom,
     SealCheckpoint,
     Submission,
     Verdict,
@@ -96,6 +97,11 @@ class _Worker:
         self.submit(RecordIntent(op_id, kind, tool, context, idempotency_key=f"{self.run_id}:{op_id}"))  # type: ignore[arg-type]
         self.submit(RecordObservation(op_id, context_digest(context), "ok", result=result))
 
+    def replayed(self) -> None:
+        """Say the prefix was replayed (``resume_from``): a worker that took the run over must, first."""
+        run = self.ledger.state(self.run_id)
+        self.submit(ResumeFrom(run.prefix_position, run.prefix_digest))
+
     def move(self, stage: Stage) -> Verdict:
         return self.submit(RecordTransition(stage, state_digest=_blob(f"{self.run_id}:{stage}").digest))
 
@@ -109,6 +115,8 @@ def _line(event: RecordedEvent) -> str:
         detail = body.op_id
     elif hasattr(body, "checkpoint_id"):
         detail = body.checkpoint_id
+    elif hasattr(body, "prefix_digest"):
+        detail = f"replayed to {body.position}"
     return f"{event.position:>4}  {event.type:<20} {event.worker:<10} {event.epoch:>5}  {short(event.digest)}  {detail}"
 
 
@@ -199,8 +207,9 @@ def run_demo(store: str | None, out: Printer = print) -> int:
 
     forged = _forgery(b, keys["worker-a"]) if keys else None
 
-    out("   .. worker-b reads the log, verifies the chain and continues")
+    out("   .. worker-b reads the log, verifies the chain, replays the prefix and continues")
     ledger_b.verify(run_id)
+    b.replayed()
     for stage in (Stage.AWAITING_AUTHORITY, Stage.AUTHORIZED, Stage.COMMITTING):
         b.move(stage)
     b.step("op-4", "effect", "git@2", "push", {"branch": "fix/flaky-retry"}, {"pushed": "b7d2f11"})

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,14 +34,18 @@ from baton.domain.commands import (
     AcceptHandoff,
     AcquireLease,
     Command,
+    CompleteRun,
+    FailRun,
     OpenRun,
     PrepareHandoff,
+    ReconcileIntent,
     RecordIntent,
     RecordObservation,
     RecordTransition,
     ReleaseLease,
     RenewLease,
     ReserveStage,
+    ResumeFrom,
     SealCheckpoint,
     Submission,
     Verdict,
@@ -50,11 +55,12 @@ from baton.domain.events import BlobRef, IntentContext, Placement, RunPolicy
 from baton.domain.handoff_document import decode_document, document_digest, state_bytes, state_digest_of
 from baton.domain.stages import Stage
 from baton.projections.replay import ReplayCursor
-from baton.projections.resumability import Resumability, classify, summary_of
+from baton.projections.resumability import Resumability, ResumePoint, classify, resume_point, summary_of
 
 __all__ = ["LedgerTransport", "NatsTransport", "Resumed", "Transport", "Worker", "rejection_for"]
 
 _submission_encoder = msgspec.json.Encoder()
+_log = logging.getLogger("baton.worker")
 _UNBOUNDED = Ceilings()
 _NO_POLICY = RunPolicy()
 _NOTHING = Usage()
@@ -138,6 +144,44 @@ class Resumed:
     checkpoint: PortableState
     resumability: Resumability
     cursor: ReplayCursor
+    point: ResumePoint  # what ``resume_from`` names once the cursor is consumed, and whether it is owed
+
+
+class _Renewal:
+    """One run's background lease renewal: a daemon thread renewing every ``interval`` seconds.
+
+    It ends when stopped (release, ``Worker.close``) or when a renewal is refused: the lease is
+    lost (taken over, expired, the run closed) and the next append is refused, fenced. A store that
+    cannot be reached is tried again at the next interval: the lease may still be saved.
+    """
+
+    def __init__(self, renew: Callable[[], object], interval: float, name: str) -> None:
+        self.interval = interval
+        self._renew = renew
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop and wait for a renewal in flight (never called from the renewal's own thread)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._renew()
+            except (errors.StoreUnavailable, errors.ConcurrencyConflict):
+                continue  # retryable: the next interval tries again
+            except errors.BatonError:
+                return  # refused: the lease is lost, and the next append says so, fenced
+            except Exception:  # a closed reader or transport: nothing left to renew through
+                _log.warning("background lease renewal stopped", exc_info=True)
+                return
 
 
 class Worker:
@@ -152,13 +196,23 @@ class Worker:
         key: SigningKey | None = None,
         retries: int = 5,
         ttl_ms: int = 30_000,
+        liveness: bool = True,
     ) -> None:
         """``key``: the private key of the principal ``placement.worker`` names, for a store that
-        verifies identities; every submission is signed with it."""
+        verifies identities; every submission is signed with it.
+
+        ``liveness``: declare the reader's liveness session when acquiring a lease, so that a new
+        worker can take the run over as soon as the store sees this process gone instead of after
+        the ttl. Turn it off where the reader's connection is not this process's own (a transaction
+        pooler such as PgBouncer): docs/operations.md, "Lease liveness"."""
         self.placement, self.transport, self.reader = placement, transport, reader
         self.key = key
         self.retries, self.ttl_ms = retries, ttl_ms
+        self.liveness = liveness
+        self._renewals: dict[str, _Renewal] = {}
+        self._renewals_lock = threading.Lock()
         self.epochs: dict[str, int] = {}
+        self._resumed: dict[str, Resumed] = {}  # runs being replayed, until new work says resume_from
         self._ids = itertools.count(1)
         self._stamp = f"{placement.worker}:{time.time_ns():x}"
 
@@ -202,42 +256,114 @@ class Worker:
         self.submit(run_id, OpenRun(release_id, schema[0], schema[1], task, ceilings, policy), epoch=0)
 
     def acquire(self, run_id: str) -> int:
-        self.submit(run_id, AcquireLease(self.placement, self.ttl_ms), epoch=0)
+        """Take the run's lease (a new epoch) and keep renewing it in the background (every third of
+        the ttl) until ``release``, ``close`` or the lease is lost; returns the epoch.
+
+        With ``liveness`` the lease declares the reader's session: if this process dies, another
+        worker may take the run as soon as the store sees that session end, not after the ttl.
+        """
+        self.submit(run_id, AcquireLease(self.placement, self.ttl_ms, self._session()), epoch=0)
         self.epochs[run_id] = self.reader.state(run_id).epoch
+        self._renew_every(run_id, self.ttl_ms / 3000)
         return self.epochs[run_id]
 
     def renew(self, run_id: str) -> None:
         self.submit(run_id, RenewLease(self.ttl_ms))
 
     def release(self, run_id: str) -> None:
+        """Give the lease up; its background renewal stops first, so nothing renews it afterwards."""
+        self._stop_renewal(run_id)
         self.submit(run_id, ReleaseLease())
 
     @contextmanager
     def heartbeat(self, run_id: str, every_s: float | None = None) -> Iterator[None]:
-        """Renew the lease in the background (every third of its ttl) while the block runs."""
-        stop = threading.Event()
-        interval = every_s if every_s is not None else self.ttl_ms / 3000
+        """Renew the lease every ``every_s`` seconds (default: a third of the ttl) while the block runs.
 
-        def beat() -> None:
-            while not stop.wait(interval):
-                try:
-                    self.renew(run_id)
-                except errors.BatonError:
-                    return  # lost the lease (or the store): the next append says so, fenced
-
-        thread = threading.Thread(target=beat, name=f"heartbeat-{run_id}", daemon=True)
-        thread.start()
+        ``acquire`` already renews in the background; this is for a lease taken otherwise
+        (``accept``) or a shorter interval inside the block. Afterwards renewal goes on as it did
+        before the block: at the acquire's pace, or not at all.
+        """
+        before = self._renew_every(run_id, every_s if every_s is not None else self.ttl_ms / 3000)
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            if before is None:
+                self._stop_renewal(run_id)
+            else:
+                self._renew_every(run_id, before, only_if_running=True)
+
+    def close(self) -> None:
+        """Stop every background renewal (the leases then last their ttl, unless released first).
+
+        The transport and the reader belong to the caller, who closes them after this; closing the
+        reader ends its liveness session.
+        """
+        with self._renewals_lock:
+            renewals, self._renewals = list(self._renewals.values()), {}
+        for renewal in renewals:
+            renewal.stop()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _session(self) -> str:
+        """The reader's liveness session to declare ("": none; the lease then lasts its ttl)."""
+        if not self.liveness:
+            return ""
+        try:
+            return self.reader.session()
+        except errors.StoreUnavailable:
+            return ""  # the acquire itself will say whether the store is reachable
+
+    def _renew_every(self, run_id: str, interval: float, *, only_if_running: bool = False) -> float | None:
+        """(Re)start the run's background renewal at ``interval``; the interval it ran at before, if any."""
+        with self._renewals_lock:
+            old = self._renewals.pop(run_id, None)
+            previous = old.interval if old is not None and old.alive() else None
+            if not only_if_running or previous is not None:
+                self._renewals[run_id] = _Renewal(lambda: self.renew(run_id), interval, f"baton-renew-{run_id}")
+        if old is not None:
+            old.stop()
+        return previous
+
+    def _stop_renewal(self, run_id: str) -> None:
+        with self._renewals_lock:
+            renewal = self._renewals.pop(run_id, None)
+        if renewal is not None:
+            renewal.stop()
 
     def reserve(self, run_id: str, stage_id: str, fuel: int) -> None:
         self.submit(run_id, ReserveStage(stage_id, fuel))
 
     def intend(self, run_id: str, op_id: str, tool: str, context: IntentContext, *, kind: str = "effect") -> None:
+        """Record the intent of ``op_id``; its idempotency key, ``RUN/OP``, is what the tool should pass on."""
+        self._caught_up(run_id)
         self.submit(run_id, RecordIntent(op_id, kind, tool, context, f"{run_id}/{op_id}"))  # type: ignore[arg-type]
+
+    def step(
+        self,
+        run_id: str,
+        op_id: str,
+        tool: str,
+        context: IntentContext,
+        call: Callable[[], Any],
+        *,
+        kind: str = "effect",
+    ) -> Any:
+        """One durable step: while replaying, the recorded result (``call`` is not run); after the
+        prefix, the intent, ``call()`` and its observation. Returns the result either way."""
+        resumed = self._resumed.get(run_id)
+        if resumed is not None and not resumed.cursor.consumed:
+            recorded = resumed.cursor.offer(op_id, kind, tool, context)
+            if recorded is not None:
+                return recorded.result
+        self.intend(run_id, op_id, tool, context, kind=kind)
+        result = call()
+        self.observe(run_id, op_id, context, result)
+        return result
 
     def observe(
         self, run_id: str, op_id: str, context: IntentContext, result: Any = None, *, usage: Usage = _NOTHING
@@ -245,11 +371,46 @@ class Worker:
         self.submit(run_id, RecordObservation(op_id, context_digest(context), "ok", result=result, usage=usage))
 
     def transition(self, run_id: str, stage: Stage, state: dict[str, Any]) -> None:
+        self._caught_up(run_id)
         self.submit(run_id, RecordTransition(stage, state_digest_of(state)))
 
     def seal(self, run_id: str, checkpoint_id: str, state: dict[str, Any]) -> None:
         """Seal ``state`` at the current boundary (its digest is what a handoff must carry)."""
+        self._caught_up(run_id)
         self.submit(run_id, SealCheckpoint(checkpoint_id, state_digest_of(state)))
+
+    def complete(self, run_id: str, summary: str = "") -> None:
+        self._caught_up(run_id)
+        self.submit(run_id, CompleteRun(summary))
+
+    def fail(self, run_id: str, reason: str, detail: str = "") -> None:
+        self.submit(run_id, FailRun(reason, detail))
+
+    # -- settling what is uncertain (after a takeover: the outside world was asked) -------------
+    def applied(self, run_id: str, op_id: str, evidence: str, result: Any = None, *, usage: Usage = _NOTHING) -> None:
+        """The intent's effect happened: ``result`` is the observation found, ``evidence`` where."""
+        self.submit(run_id, ReconcileIntent(op_id, "applied", evidence, result=result, usage=usage))
+
+    def not_applied(self, run_id: str, op_id: str, evidence: str) -> None:
+        """The effect never happened (its idempotency key may be used again)."""
+        self.submit(run_id, ReconcileIntent(op_id, "not_applied", evidence))
+
+    def abandoned(self, run_id: str, op_id: str, evidence: str) -> None:
+        """Nobody can tell whether the effect happened; the run goes on without it."""
+        self.submit(run_id, ReconcileIntent(op_id, "abandoned", evidence))
+
+    def resume_from(self, run_id: str, position: int, prefix_digest: str) -> None:
+        """Say the replay prefix ending at ``position`` (chain digest ``prefix_digest``) was consumed."""
+        self.submit(run_id, ResumeFrom(position, prefix_digest))
+        self._resumed.pop(run_id, None)
+
+    def _caught_up(self, run_id: str) -> None:
+        """Before new work: once the cursor of an owed replay is consumed, say so (``resume_from``)."""
+        resumed = self._resumed.get(run_id)
+        if resumed is not None and resumed.cursor.consumed:
+            if resumed.point.required:
+                self.resume_from(run_id, resumed.point.position, resumed.point.prefix_digest)
+            self._resumed.pop(run_id, None)
 
     # -- resuming and moving --------------------------------------------------------------------
     def resume(self, run_id: str) -> Resumed:
@@ -257,12 +418,16 @@ class Worker:
         fold = self.reader.resume_fold(run_id)
         summary = summary_of(fold)
         verdict = classify(summary, self.placement, self.reader.clock.now())
-        return Resumed(fold.snapshot(), verdict, self.reader.replay_cursor(run_id, summary.prefix))
+        cursor = self.reader.replay_cursor(run_id, summary.prefix)
+        resumed = Resumed(fold.snapshot(), verdict, cursor, resume_point(summary.state, self.name))
+        self._resumed[run_id] = resumed  # ``step`` replays through it; new work says ``resume_from`` after
+        return resumed
 
     def hand_off(
         self, run_id: str, destination: Placement, state: dict[str, Any], *, to_version: int | None = None
     ) -> handoff.PreparedHandoff:
         """Prepare a handoff of ``run_id`` (this worker must hold it): returns the document and its digest."""
+        self._caught_up(run_id)
         data = handoff.build_document(self.reader, run_id, destination=destination, state=state, to_version=to_version)
         verdict = self.submit(run_id, PrepareHandoff(data.decode(), self.ttl_ms))
         return handoff.PreparedHandoff(data, document_digest(data), verdict)

@@ -38,6 +38,7 @@ __all__ = [
     "RenewLease",
     "RevokeAuthority",
     "ReserveStage",
+    "ResumeFrom",
     "SealCheckpoint",
     "Submission",
     "Verdict",
@@ -72,6 +73,9 @@ class OpenRun(_Command, tag="open_run", frozen=True):
 class AcquireLease(_Command, tag="acquire_lease", frozen=True):
     placement: Placement
     ttl_ms: int = 30_000
+    # the holder's liveness session (docs/operations.md, "Lease liveness"): once the store sees it gone,
+    # the lease can be taken over before its ttl. Empty: the lease lasts its ttl whatever happens to the holder.
+    session: str = ""  # added later: see ``ADDED_FIELDS``
 
 
 class RenewLease(_Command, tag="renew_lease", frozen=True):
@@ -119,6 +123,13 @@ class ReconcileIntent(_Command, tag="reconcile_intent", frozen=True):
     result: Any = None
     result_ref: BlobRef | None = None
     usage: Usage = Usage()
+
+
+class ResumeFrom(_Command, tag="resume_from", frozen=True):
+    """The new holder consumed the replay prefix ending at ``position`` (chain digest ``prefix_digest``)."""
+
+    position: int
+    prefix_digest: str
 
 
 class RecordTransition(_Command, tag="record_transition", frozen=True):
@@ -287,6 +298,7 @@ Command = (
     | RecordIntent
     | RecordObservation
     | ReconcileIntent
+    | ResumeFrom
     | RecordTransition
     | SealCheckpoint
     | GrantAuthority
@@ -314,7 +326,7 @@ Command = (
 
 # Fields added to a command after submissions without them were stored: while at their default they
 # are left out of a submission's content digest, so a retry from an older client is still a duplicate.
-ADDED_FIELDS: dict[str, tuple[str, ...]] = {"open_run": ("policy",)}
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"open_run": ("policy",), "acquire_lease": ("session",)}
 
 
 class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):

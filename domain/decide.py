@@ -29,6 +29,7 @@ from baton.domain.commands import (
     ReleaseLease,
     RenewLease,
     ReserveStage,
+    ResumeFrom,
     RevokeAuthority,
     SealCheckpoint,
     Submission,
@@ -41,6 +42,7 @@ from baton.domain.events import (
     LeaseReleased,
     LeaseRenewed,
     PolicySet,
+    ResumedFrom,
     RunCompleted,
     RunFailed,
     RunOpened,
@@ -51,7 +53,7 @@ from baton.domain.events import (
 from baton.domain.operations import CONTEXT_PREFIX, MAX_INLINE_BYTES, context_digest
 from baton.domain.screening import MAX_ID_LENGTH, MAX_LIST_ITEMS, MAX_TEXT_LENGTH
 from baton.domain.stages import Stage, is_legal
-from baton.domain.state import RunState
+from baton.domain.state import Lease, RunState
 
 __all__ = [
     "CONTEXT_PREFIX",
@@ -78,8 +80,15 @@ def envelope_epoch(state: RunState, submission: Submission, bodies: list[Event])
     return state.epoch
 
 
-def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  # noqa: C901, PLR0911, PLR0912
-    """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``."""
+def decide(  # noqa: C901, PLR0911, PLR0912
+    state: RunState, submission: Submission, now: int, *, holder_gone: bool = False
+) -> list[Event]:
+    """Return the events ``submission`` produces against ``state``, or raise a ``Rejection``.
+
+    ``holder_gone``: the store has seen the liveness session of the lease's holder end (the
+    holder's process died or lost the store): a lease that declared a session may then be taken
+    over, or expired, before its ttl. Only the store says so, never the worker that wants the lease.
+    """
     screening.check_ids(submission)
     if state.run_id and submission.run_id != state.run_id:
         raise errors.Malformed(f"submission for run {submission.run_id!r} decided against run {state.run_id!r}")
@@ -90,7 +99,7 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if isinstance(command, identity.REGISTRY_COMMANDS):
         return identity.decide_registry(state, submission)
     if isinstance(command, _UNFENCED):
-        return _unfenced(state, submission, command, now)
+        return _unfenced(state, submission, command, now, holder_gone=holder_gone)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
         # an import, or a refusal that does not depend on who asks (no handoff, or one already taken)
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
@@ -99,6 +108,7 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if state.pending_handoff is not None and not isinstance(command, _WHILE_HANDOFF_PENDING):
         msg = f"handoff {state.pending_handoff} must be accepted (or aborted) before anything else"
         raise errors.HandoffPending(msg)
+    _require_discipline(state, command)
     if isinstance(command, RecordIntent):
         if command.kind == "effect":
             authority.require_policy(state, command.tool_contract, command.context, now)
@@ -107,13 +117,16 @@ def decide(state: RunState, submission: Submission, now: int) -> list[Event]:  #
     if isinstance(command, RecordObservation):
         return [operations.observation(state, command)]
     if isinstance(command, ReconcileIntent):
-        return [operations.reconcile(state, command)]
+        return [operations.reconcile(state, submission.worker, command)]
+    if isinstance(command, ResumeFrom):
+        return [_resumed(state, command)]
     if isinstance(command, RecordTransition):
         return [_transition(state, command)]
     if isinstance(command, ReserveStage):
         if command.fuel < 0:
             raise errors.Malformed("fuel cannot be negative")
-        charge = operations.charged(state, Usage(reserved_fuel=command.fuel))
+        # a stage counts once each time it is reserved, replayed ones too: nothing is refunded
+        charge = operations.charged(state, Usage(stages=1, reserved_fuel=command.fuel))
         return [StageReserved(command.stage_id, command.fuel, charge)]
     if isinstance(command, RenewLease):
         return [LeaseRenewed(submission.worker, state.epoch, now + _ttl_us(command.ttl_ms))]
@@ -146,6 +159,42 @@ _FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApprova
 _UNFENCED = (OpenRun, PurgeThread, AcquireLease, ExpireLease, *_FROM_AUTHORITIES)
 UNFENCED_COMMANDS = _UNFENCED  # their sender need not hold the lease (the write path names a lost race by it)
 _WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
+_UPKEEP = (RenewLease, ReleaseLease, FailRun, AbortHandoff, AcceptHandoff)
+# while an intent is uncertain: settling it (observing it at its epoch, or reconciling it), saying
+# which prefix was replayed, and lease upkeep; no stage, store write, transition or move
+_WHILE_UNCERTAIN = (RecordObservation, ReconcileIntent, ResumeFrom, *_UPKEEP)
+# before a new holder's ``resume_from``: replaying reserves its stages again; a LangGraph thread's
+# writes are exempt (its saver resumes from the latest checkpoint it reads, see docs/langgraph.md)
+_BEFORE_REPLAY = (ResumeFrom, ReconcileIntent, ReserveStage, RecordObservation, *_UPKEEP, *threads.THREAD_COMMANDS)
+
+
+def _require_discipline(state: RunState, command: object) -> None:
+    """Nothing new while an outcome is unknown, and nothing new from a holder that has not replayed."""
+    if state.operations and not isinstance(command, _WHILE_UNCERTAIN):
+        uncertain = sorted(state.operations)
+        msg = f"operations {uncertain[:5]} have no recorded outcome: observe or reconcile them first"
+        raise errors.UncertainIntent(msg)
+    if state.replay_required and not isinstance(command, _BEFORE_REPLAY):
+        msg = (
+            f"the lease changed hands: replay the prefix up to position {state.prefix_position} "
+            f"and send resume_from with its digest first"
+        )
+        raise errors.ReplayRequired(msg)
+
+
+def _resumed(state: RunState, command: ResumeFrom) -> ResumedFrom:
+    """The prefix a new holder owes, or (nothing owed) the run's work so far: exactly what it names."""
+    if state.replay_required:
+        position, digest = state.prefix_position, state.prefix_digest
+    else:
+        position, digest = state.work_position, state.work_digest
+    if (command.position, command.prefix_digest) != (position, digest):
+        msg = (
+            f"the replay prefix ends at position {position} with digest {digest}; "
+            f"resume_from names position {command.position} with {command.prefix_digest}"
+        )
+        raise errors.PrefixMismatch(msg)
+    return ResumedFrom(position, digest)
 
 
 def _unfenced(
@@ -153,6 +202,8 @@ def _unfenced(
     submission: Submission,
     command: OpenRun | PurgeThread | AcquireLease | ExpireLease | _FromAuthority,
     now: int,
+    *,
+    holder_gone: bool,
 ) -> list[Event]:
     """Commands whose sender need not hold the lease: to open, erase, take over, or grant."""
     if isinstance(command, OpenRun):
@@ -162,9 +213,9 @@ def _unfenced(
         return threads.decide_purge(state, command)
     _require_run(state, submission)
     if isinstance(command, AcquireLease):
-        return _acquire(state, submission, command, now)
+        return _acquire(state, submission, command, now, holder_gone=holder_gone)
     if isinstance(command, ExpireLease):
-        return _expire(state, now)
+        return _expire(state, now, holder_gone=holder_gone)
     return [_from_authority(state, submission, command, now)]
 
 
@@ -209,28 +260,33 @@ def _open(state: RunState, command: OpenRun) -> list[Event]:
     return [opened] if command.policy == RunPolicy() else [opened, PolicySet(command.policy)]
 
 
-def _acquire(state: RunState, submission: Submission, command: AcquireLease, now: int) -> list[Event]:
+def _acquire(
+    state: RunState, submission: Submission, command: AcquireLease, now: int, *, holder_gone: bool
+) -> list[Event]:
     if command.placement.worker != submission.worker:
         raise errors.Malformed("placement.worker must be the submitting worker")
     expires_at = now + _ttl_us(command.ttl_ms)
     events: list[Event] = []
-    lease = state.lease
-    if lease is not None:
-        if now < lease.expires_at:
-            msg = f"lease epoch {lease.epoch} is held by {lease.worker!r} until {lease.expires_at}"
-            raise errors.LeaseHeld(msg)
-        events.append(LeaseExpired(lease.worker, lease.epoch, now))
-    events.append(LeaseGranted(submission.worker, state.epoch + 1, command.placement, expires_at))
+    if state.lease is not None:
+        events.append(_ended(state.lease, now, holder_gone=holder_gone))
+    events.append(LeaseGranted(submission.worker, state.epoch + 1, command.placement, expires_at, command.session))
     return events
 
 
-def _expire(state: RunState, now: int) -> list[Event]:
-    lease = state.lease
-    if lease is None:
+def _expire(state: RunState, now: int, *, holder_gone: bool) -> list[Event]:
+    if state.lease is None:
         raise errors.NoLease(f"run {state.run_id!r} has no lease to expire")
-    if now < lease.expires_at:
-        raise errors.LeaseHeld(f"lease epoch {lease.epoch} has not expired yet")
-    return [LeaseExpired(lease.worker, lease.epoch, now)]
+    return [_ended(state.lease, now, holder_gone=holder_gone)]
+
+
+def _ended(lease: Lease, now: int, *, holder_gone: bool) -> LeaseExpired:
+    """The lease's end: past its ttl, or earlier when it declared a session the store saw end."""
+    if now >= lease.expires_at:
+        return LeaseExpired(lease.worker, lease.epoch, now)
+    if holder_gone and lease.session:
+        return LeaseExpired(lease.worker, lease.epoch, now, session_gone=True)
+    msg = f"lease epoch {lease.epoch} is held by {lease.worker!r} until {lease.expires_at}"
+    raise errors.LeaseHeld(msg)
 
 
 def _check_fence(state: RunState, submission: Submission, now: int) -> None:
@@ -249,5 +305,5 @@ def _transition(state: RunState, command: RecordTransition) -> TransitionRecorde
     if not is_legal(state.stage, command.to_stage):
         raise errors.IllegalTransition(f"{state.stage} -> {command.to_stage} is not a legal move")
     rework = 1 if command.to_stage is Stage.GENERATING else 0
-    charge = operations.charged(state, Usage(stages=1, iterations=rework))
+    charge = operations.charged(state, Usage(iterations=rework))  # stages are counted when reserved
     return TransitionRecorded(state.stage, command.to_stage, command.state_digest, charge, command.state_ref)

@@ -62,6 +62,10 @@ __all__ = [
     # run policy
     "ApprovalMissing",
     "EvidenceMissing",
+    # run discipline
+    "IdempotencyKeyReused",
+    "ReplayRequired",
+    "PrefixMismatch",
 ]
 
 
@@ -355,3 +359,23 @@ class EvidenceMissing(Rejection):
     """The run's policy needs passing verifier evidence of exactly the proposal this effect commits."""
 
     reason = "evidence_missing"
+
+
+class IdempotencyKeyReused(Rejection):
+    """An intent names an idempotency key an earlier intent of the run used (and did not give back by
+    being reconciled not applied or abandoned): the external system would see the same effect twice."""
+
+    reason = "idempotency_key_reused"
+
+
+class ReplayRequired(Rejection):
+    """The lease passed to this worker: it must replay the run's prefix and say so (``resume_from``)
+    before any new intent, transition, checkpoint, handoff or completion."""
+
+    reason = "replay_required"
+
+
+class PrefixMismatch(Rejection):
+    """``resume_from`` names another position or digest than the prefix the ledger holds."""
+
+    reason = "prefix_mismatch"

@@ -22,6 +22,7 @@ from baton.domain.stages import Stage
 
 __all__ = [
     "EVENT_TYPES",
+    "ResumedFrom",
     "ApprovalDenied",
     "ApprovalGranted",
     "AuthorityGranted",
@@ -124,11 +125,12 @@ class RunOpened(_Event, tag=True, frozen=True):
     ceilings: Ceilings = Ceilings()
 
 
-class LeaseGranted(_Event, tag=True, frozen=True):
+class LeaseGranted(_Event, tag=True, frozen=True, omit_defaults=True):  # added fields omitted at default
     worker: str
     epoch: int
     placement: Placement
     expires_at: int
+    session: str = ""  # the holder's liveness session, if it declared one (``AcquireLease.session``)
 
 
 class LeaseRenewed(_Event, tag=True, frozen=True):
@@ -142,10 +144,11 @@ class LeaseReleased(_Event, tag=True, frozen=True):
     epoch: int
 
 
-class LeaseExpired(_Event, tag=True, frozen=True):
+class LeaseExpired(_Event, tag=True, frozen=True, omit_defaults=True):  # added fields omitted at default
     worker: str
     epoch: int
     expired_at: int
+    session_gone: bool = False  # ended before its ttl: the store saw the holder's session gone
 
 
 class StageReserved(_Event, tag=True, frozen=True):
@@ -184,6 +187,15 @@ class IntentReconciled(_Event, tag=True, frozen=True):
     charge: Usage = Usage()
     result: Any = None
     result_ref: BlobRef | None = None
+    reconciled_by: str = ""  # the principal who looked (the submitter; empty in events before it was named)
+
+
+class ResumedFrom(_Event, tag=True, frozen=True):
+    """A worker that took the lease over says which replay prefix it consumed: the position of the
+    prefix's last event and that event's chain digest (which commits to every event before it)."""
+
+    position: int
+    prefix_digest: str
 
 
 class TransitionRecorded(_Event, tag=True, frozen=True):
@@ -427,6 +439,7 @@ Event = (
     | PrincipalAdded
     | PrincipalRolesChanged
     | PrincipalRevoked
+    | ResumedFrom
 )
 
 EVENT_TYPES: dict[str, type[_Event]] = {
@@ -464,6 +477,7 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         PrincipalAdded,
         PrincipalRolesChanged,
         PrincipalRevoked,
+        ResumedFrom,
     )
 }
 

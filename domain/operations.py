@@ -14,7 +14,7 @@ from baton.domain.budgets import Usage
 from baton.domain.canonical import canonical_bytes, digest_of
 from baton.domain.commands import ReconcileIntent, RecordIntent, RecordObservation
 from baton.domain.events import BlobRef, IntentContext, IntentReconciled, IntentRecorded, ObservationRecorded
-from baton.domain.state import OpRecord, RunState, intended
+from baton.domain.state import OpRecord, RunState, intended, key_used
 
 __all__ = [
     "CONTEXT_PREFIX",
@@ -45,11 +45,11 @@ def charged(state: RunState, charge: Usage) -> Usage:
 def intent(state: RunState, command: RecordIntent) -> IntentRecorded:
     if intended(state, command.op_id):
         raise errors.DuplicateOperation(f"operation {command.op_id!r} already has an intent")
-    if command.kind == "effect":
-        older = sorted(op.op_id for op in state.operations.values() if op.epoch < state.epoch)
-        if older:
-            msg = f"uncertain intents from an earlier epoch must be reconciled first: {older}"
-            raise errors.UncertainIntent(msg)
+    if not command.idempotency_key:
+        raise errors.Malformed("an intent needs the idempotency key the external system will see")
+    if key_used(state, command.idempotency_key):
+        msg = f"idempotency key {command.idempotency_key!r} is used by an earlier intent of this run"
+        raise errors.IdempotencyKeyReused(msg)
     context = command.context
     arguments = _inline_text(context.arguments, "arguments")
     charge = charged(state, Usage(calls=1, argument_bytes=len(arguments)))
@@ -87,13 +87,14 @@ def observation(state: RunState, command: RecordObservation) -> ObservationRecor
     )
 
 
-def reconcile(state: RunState, command: ReconcileIntent) -> IntentReconciled:
+def reconcile(state: RunState, by: str, command: ReconcileIntent) -> IntentReconciled:
+    """``by`` (the submitting principal) settles an uncertain intent, on the evidence it names."""
     _open_operation(state, command.op_id)
     if not command.evidence:
         raise errors.Malformed("reconciliation needs evidence")
     charge = _outcome_charge(state, command.result, command.result_ref, command.usage)
     return IntentReconciled(
-        command.op_id, command.resolution, command.evidence, charge, command.result, command.result_ref
+        command.op_id, command.resolution, command.evidence, charge, command.result, command.result_ref, by
     )
 
 

@@ -38,6 +38,7 @@ from baton.domain.events import (
     PrincipalRolesChanged,
     RecordedEvent,
     RegistryOpened,
+    ResumedFrom,
     Role,
     RunCompleted,
     RunFailed,
@@ -49,13 +50,13 @@ from baton.domain.events import (
 from baton.domain.stages import Stage
 
 _WORK = (IntentRecorded, ObservationRecorded, IntentReconciled, TransitionRecorded, StageReserved)
-_LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired)
+_LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired, ResumedFrom)
 _HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
 _AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
 _SETTLING = (ObservationRecorded, IntentReconciled)
 _CLOSING = (RunCompleted, RunFailed)
 _REGISTRY = (RegistryOpened, PrincipalAdded, PrincipalRolesChanged, PrincipalRevoked)
-_RECENT_OP_IDS = 256  # merged into ``op_ids`` at this many: a copy copies at most these
+_RECENT_IDS = 256  # recent ids merged into the frozen part at this many: a copy copies at most these
 
 __all__ = [
     "Approval",
@@ -70,6 +71,7 @@ __all__ = [
     "fold",
     "intended",
     "intended_ops",
+    "key_used",
 ]
 
 
@@ -78,6 +80,7 @@ class Lease(msgspec.Struct, frozen=True):
     epoch: int
     expires_at: int
     placement: Placement
+    session: str = ""
 
 
 class OpRecord(msgspec.Struct, frozen=True):
@@ -89,6 +92,7 @@ class OpRecord(msgspec.Struct, frozen=True):
     epoch: int
     intent_position: int
     authorization: str = ""  # the grant the effect was intended under (the gateway checks it is still live)
+    idempotency_key: str = ""
 
 
 class Grant(msgspec.Struct, frozen=True):
@@ -146,9 +150,20 @@ class RunState(msgspec.Struct):
     # ``op_ids`` is ``None`` in folds that never decide (resume, views), which keep no op ids at all.
     op_ids: frozenset[str] | None = frozenset()
     recent_op_ids: set[str] = set()
+    # every idempotency key in use (``key_used``), in the same two parts: a key leaves when its intent
+    # is reconciled not applied or abandoned (the external system never saw the effect)
+    used_keys: frozenset[str] | None = frozenset()
+    recent_keys: set[str] = set()
     last_checkpoint_id: str | None = None
     sealed_position: int = 0  # the last checkpoint (or accepted handoff): a boundary a move starts from
     work_position: int = 0  # the last event that did work (intent, outcome, transition, reservation)
+    work_digest: str = ZERO_DIGEST  # that event's chain digest
+    # the replay a new holder owes (``ResumeFrom``): when the lease passes to another worker than the
+    # last holder, the prefix up to the last work event then (position, chain digest) must be replayed
+    last_holder: str | None = None
+    replay_required: bool = False
+    prefix_position: int = 0
+    prefix_digest: str = ZERO_DIGEST
     pending_handoff: str | None = None  # digest of a prepared, not yet accepted handoff document
     handoff_digest: str | None = None  # digest of the last accepted handoff: the chain's head
     grants: dict[str, Grant] = {}  # live grants of the current epoch, by grant id
@@ -178,7 +193,7 @@ def apply(state: RunState, recorded: RecordedEvent) -> None:
     if charge is not None:
         state.usage = state.usage.plus(charge)
     if isinstance(body, _WORK):  # first: most events are
-        state.work_position = recorded.position
+        state.work_position, state.work_digest = recorded.position, recorded.digest
         _work(state, body, recorded)
     elif isinstance(body, _LEASE):
         _lease(state, body)
@@ -209,11 +224,17 @@ def _opened(state: RunState, body: RunOpened | PolicySet) -> None:
     state.ceilings = body.ceilings
 
 
-def _lease(state: RunState, body: LeaseGranted | LeaseRenewed | LeaseReleased | LeaseExpired) -> None:
+def _lease(state: RunState, body: LeaseGranted | LeaseRenewed | LeaseReleased | LeaseExpired | ResumedFrom) -> None:
     if isinstance(body, LeaseGranted):
+        if state.last_holder is not None and body.worker != state.last_holder:
+            state.replay_required = True
+            state.prefix_position, state.prefix_digest = state.work_position, state.work_digest
+        state.last_holder = body.worker
         state.epoch = body.epoch
-        state.lease = Lease(body.worker, body.epoch, body.expires_at, body.placement)
+        state.lease = Lease(body.worker, body.epoch, body.expires_at, body.placement, body.session)
         state.grants = {}  # grants are bound to (worker, epoch): a new epoch starts with none
+    elif isinstance(body, ResumedFrom):  # the new holder replayed what it owed
+        state.replay_required = False
     elif isinstance(body, LeaseRenewed):
         if state.lease is not None:
             state.lease = msgspec.structs.replace(state.lease, expires_at=body.expires_at)
@@ -247,12 +268,25 @@ def _work(
 ) -> None:
     if isinstance(body, IntentRecorded):
         state.operations[body.op_id] = OpRecord(
-            body.op_id, body.kind, body.context_digest, recorded.epoch, recorded.position, body.context.authorization
+            body.op_id,
+            body.kind,
+            body.context_digest,
+            recorded.epoch,
+            recorded.position,
+            body.context.authorization,
+            body.idempotency_key,
         )
         if state.op_ids is not None:
-            _add_op_id(state, body.op_id)
+            state.op_ids, state.recent_op_ids = _remembered(state.op_ids, state.recent_op_ids, body.op_id)
+        if state.used_keys is not None:
+            state.used_keys, state.recent_keys = _remembered(state.used_keys, state.recent_keys, body.idempotency_key)
     elif isinstance(body, _SETTLING):
-        state.operations.pop(body.op_id, None)
+        op = state.operations.pop(body.op_id, None)
+        given_back = isinstance(body, IntentReconciled) and body.resolution != "applied"
+        if op is not None and given_back and state.used_keys is not None:
+            state.recent_keys.discard(op.idempotency_key)
+            if op.idempotency_key in state.used_keys:
+                state.used_keys = state.used_keys - {op.idempotency_key}
     elif isinstance(body, TransitionRecorded):
         state.stage = body.to_stage
 
@@ -269,11 +303,20 @@ def intended_ops(state: RunState) -> frozenset[str]:
     return (state.op_ids or frozenset()) | state.recent_op_ids
 
 
-def _add_op_id(state: RunState, op_id: str) -> None:
-    state.recent_op_ids.add(op_id)
-    if len(state.recent_op_ids) >= _RECENT_OP_IDS:
-        state.op_ids = (state.op_ids or frozenset()) | state.recent_op_ids  # a new frozenset: copies share the old
-        state.recent_op_ids = set()
+def key_used(state: RunState, key: str) -> bool:
+    """Whether an intent of the run holds ``key`` (not given back by a not-applied reconciliation)."""
+    if state.used_keys is None:
+        raise TypeError("a write-side RunState is needed: this one was folded without idempotency keys")
+    return key in state.recent_keys or key in state.used_keys
+
+
+def _remembered(settled: frozenset[str] | None, recent: set[str], value: str) -> tuple[frozenset[str], set[str]]:
+    """``value`` added to the two parts of an id set: merged into a new frozenset (copies of the
+    state share the old one) once the recent part reaches its bound."""
+    recent.add(value)
+    if len(recent) >= _RECENT_IDS:
+        return (settled or frozenset()) | recent, set()
+    return settled or frozenset(), recent
 
 
 def _registry(

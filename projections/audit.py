@@ -7,7 +7,9 @@ event, the rules ``decide`` enforces on the way in: fencing (epoch and lease hol
 (every outcome answers an open intent of the same run with the same context digest), budgets
 (charges never negative, no ceiling passed), stages, nothing after a terminal event, handoffs
 (exactly the prepared document accepted, once, before any work) and authority (grants, approvals
-and evidence bound to the live lease and to exactly the artifact an effect commits).
+and evidence bound to the live lease and to exactly the artifact an effect commits). Derived data
+the caller hands in is checked against the log too: each stored resume snapshot must be the fold
+at its position (``projections.audit_snapshots``).
 
 Each problem has a stable ``code`` (``CODES``; docs/audit.md). Checks of an event are small rules
 looked up by its body's type (``RULES``): a new event type plugs in with its own rules. The rules
@@ -49,6 +51,7 @@ from baton.domain.events import (
     PolicySet,
     RecordedEvent,
     RegistryOpened,
+    ResumedFrom,
     RunCompleted,
     RunFailed,
     RunOpened,
@@ -62,6 +65,7 @@ from baton.domain.threads import PURGE_TOMBSTONE
 from baton.projections import audit_authority as authority
 from baton.projections import audit_handoff as handoff
 from baton.projections import audit_rules as run
+from baton.projections.audit_snapshots import SnapshotCheck
 from baton.projections.audit_state import CODES, AuditState, Problem, Rule
 
 __all__ = [
@@ -132,6 +136,7 @@ RULES: dict[type[Any], tuple[Rule, ...]] = {
     IntentReconciled: (*_WORK, run.charge, run.reconciled),
     TransitionRecorded: (*_WORK, run.charge, run.transition),
     CheckpointSealed: (*_WORK, run.checkpoint),
+    ResumedFrom: _WORK,  # the new holder's word that it replayed: fenced like its work
     AuthorityGranted: (authority.authority_granted,),
     AuthorityRevoked: (authority.authority_revoked,),
     EvidenceRecorded: (authority.evidence,),  # a verifier's: no lease
@@ -203,12 +208,16 @@ class AuditFold:
         rules: Mapping[type[Any], Sequence[Rule]] | None = None,
         max_problems: int = 1000,
         authorship: Authorship | None = None,
+        snapshots: Mapping[int, bytes] | None = None,
     ) -> None:
         """``authorship`` checks who wrote each event (its signature against the registry): a
         problem's code and detail, or None. It is given by the caller, which holds the registry and
-        the means to verify a signature (``adapters.identity.RegistryHistory``)."""
+        the means to verify a signature (``adapters.identity.RegistryHistory``). ``snapshots`` are
+        the run's stored resume snapshots (position -> the fold's bytes each claims), compared with
+        the fold at their positions (``projections.audit_snapshots``)."""
         self.state = AuditState(run_id, max_problems)
         self._authorship = authorship
+        self._snapshots = SnapshotCheck(run_id, snapshots) if snapshots else None
         self.events = 0
         self.head = 0  # the last position read in order
         self.head_digest: str | None = ZERO_DIGEST  # None after an undecodable event: the next link is unknown
@@ -323,6 +332,8 @@ class AuditFold:
             found = self._authorship(event)
             if found is not None:
                 state.report(*found)
+        if self._snapshots is not None:
+            self._snapshots.apply(state, event)
 
     def _chain(self, kind: type[Any]) -> tuple[Rule, ...]:
         """``ENVELOPE_RULES``, then the body type's rules, with the usual fenced prefix as one rule."""
@@ -356,6 +367,8 @@ class AuditFold:
             )
         elif anchor is None and anchored and self.events:
             state.report("head_mismatch", "the store has no run row for these events", 1)
+        if self._snapshots is not None:
+            self._snapshots.finish(state, self.head)
         problems = sorted(state.problems, key=lambda p: p.position)  # stable: same position keeps its order
         if state.dropped:
             detail = f"{state.dropped} more problems after the first {state.limit} are not listed"

@@ -183,7 +183,7 @@ def granted(s: AuditState, e: RecordedEvent) -> None:
             f"grant of epoch {body.epoch} (envelope epoch {e.epoch}) after epoch {s.epoch}",
         )
     s.epoch = max(s.epoch, body.epoch)
-    s.lease = LeaseRecord(body.worker, body.epoch, body.expires_at)
+    s.lease = LeaseRecord(body.worker, body.epoch, body.expires_at, body.session)
     s.grants.clear()  # grants are bound to (worker, epoch): a new epoch starts with none
 
 
@@ -209,9 +209,13 @@ def released(s: AuditState, e: RecordedEvent) -> None:
 
 
 def expired(s: AuditState, e: RecordedEvent) -> None:
+    """A lease ends at its expiry, or earlier only if it declared a liveness session that the store
+    saw end (``session_gone``: the store's testimony, as the expiry time is the store's clock's)."""
     body: LeaseExpired = e.body  # type: ignore[assignment]
-    if _lease_named(s, e) and s.lease is not None and body.expired_at < s.lease.expires_at:
-        s.report("premature_expiry", f"expired at {body.expired_at}, before its expiry {s.lease.expires_at}")
+    lease = s.lease
+    early = lease is not None and body.expired_at < lease.expires_at
+    if _lease_named(s, e) and lease is not None and early and not (body.session_gone and lease.session):
+        s.report("premature_expiry", f"expired at {body.expired_at}, before its expiry {lease.expires_at}")
     s.lease = None
 
 

@@ -82,6 +82,8 @@ CODES: dict[str, str] = {
     "principal_revoked": "an event from a principal recorded after its revocation",
     "bad_signature": "an event whose signature does not verify with its author's registered key",
     "signed_content_mismatch": "a signed event that is not what its signed submission asked for",
+    # derived data
+    "snapshot_mismatch": "a stored resume snapshot that is not the fold of the log at its position",
     # reporting
     "too_many_problems": "reporting stopped for this run; more problems may follow",
 }
@@ -109,6 +111,7 @@ class LeaseRecord(msgspec.Struct, frozen=True, gc=False):
     worker: str
     epoch: int
     expires_at: int
+    session: str = ""  # the holder's liveness session: the store may end the lease early once it is gone
 
 
 class PendingHandoff(msgspec.Struct, frozen=True, gc=False):

@@ -57,8 +57,8 @@ class ResumeState(msgspec.Struct):
 
 
 def fresh_resume_state(run_id: str = "") -> ResumeState:
-    """An empty resume state; its run state tracks no op ids (only ``decide`` needs them)."""
-    return ResumeState(RunState(run_id=run_id, op_ids=None))
+    """An empty resume state; its run state tracks no op ids or keys (only ``decide`` needs them)."""
+    return ResumeState(RunState(run_id=run_id, op_ids=None, used_keys=None))
 
 
 _state_encoder = msgspec.msgpack.Encoder(order="deterministic")

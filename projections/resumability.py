@@ -20,7 +20,16 @@ from baton.domain.state import RunState
 from baton.projections.portable_state import PortableStateFold
 from baton.projections.replay import PrefixOutline
 
-__all__ = ["Resumability", "ResumabilityClass", "RunSummary", "classify", "summarize", "summary_of"]
+__all__ = [
+    "ResumePoint",
+    "Resumability",
+    "ResumabilityClass",
+    "RunSummary",
+    "classify",
+    "resume_point",
+    "summarize",
+    "summary_of",
+]
 
 
 class ResumabilityClass(StrEnum):
@@ -48,6 +57,29 @@ class RunSummary(msgspec.Struct, frozen=True):
     prefix: PrefixOutline  # the settled steps are counted, not held
     tool_contracts: frozenset[str]
     placement: Placement | None  # the last lease's placement, kept after the lease ends
+
+
+class ResumePoint(msgspec.Struct, frozen=True):
+    """What ``resume_from`` must name for a worker: the position of the replay prefix's last event
+    and its chain digest; ``required``: the ledger refuses that worker's new work until it does."""
+
+    position: int
+    prefix_digest: str
+    required: bool
+
+
+def resume_point(state: RunState, worker: str) -> ResumePoint:
+    """The prefix ``worker`` owes (or will owe on taking the lease over) and whether it owes one.
+
+    The last holder owes what the ledger froze when the lease passed to it, if it has not said
+    ``resume_from`` yet; any other worker would owe the run's work as it stands, once the lease
+    passes to it (a run never leased owes nothing).
+    """
+    if state.last_holder == worker:
+        if state.replay_required:
+            return ResumePoint(state.prefix_position, state.prefix_digest, required=True)
+        return ResumePoint(state.work_position, state.work_digest, required=False)
+    return ResumePoint(state.work_position, state.work_digest, required=state.last_holder is not None)
 
 
 def summarize(events: Iterable[RecordedEvent], run_id: str = "") -> RunSummary:

@@ -11,10 +11,12 @@ import msgspec
 
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.cli.options import echo_json, json_option, no_events, placement_options, store_option
+from baton.adapters.eventstore import RunLedger
 from baton.domain.budgets import COUNTERS
 from baton.domain.canonical import short
 from baton.domain.events import Placement, RecordedEvent
 from baton.domain.identity import REGISTRY_RUN
+from baton.domain.state import Lease
 from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
 from baton.projections.resumability import summary_of
 
@@ -174,9 +176,11 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
         if fold.run.version == 0:
             return no_events(run_id)
         summary = summary_of(fold)
-        verdict = classify(summary, placement, ledger.clock.now())
+        now = ledger.clock.now()
+        verdict = classify(summary, placement, now)
         checkpoint = fold.snapshot()
         replay_prefix = list(ledger.replay_steps(run_id, summary.prefix))
+        lease_case = _lease_case(ledger, fold.run.lease, now)
     if as_json:
         echo_json(
             {
@@ -190,15 +194,49 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
                 "replay_prefix": msgspec.to_builtins(replay_prefix),
                 "replay_after_position": summary.prefix.start,
                 "uncertain": msgspec.to_builtins(summary.prefix.uncertain),
+                "lease": lease_case,
             }
         )
         return 0
     click.echo(f"run {run_id}: {verdict.cls} for {placement.worker}")
     for reason in verdict.reasons:
         click.echo(f"  - {reason}")
+    click.echo(f"lease: {_lease_text(lease_case)}")
     click.echo(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
     click.echo(f"replay prefix: {summary.prefix.length} operations; uncertain: {len(summary.prefix.uncertain)}")
     return 0
+
+
+def _lease_case(ledger: RunLedger, lease: Lease | None, now: int) -> dict[str, Any]:
+    """Which case a new worker acquiring the lease meets: ``none`` or ``expired`` (it takes it),
+    ``session_gone`` (the store saw the holder's liveness session end: it takes it before the ttl),
+    or ``live`` (refused ``lease_held`` until ``expires_at``). The store is asked only about a live
+    lease that declared a session, as the write path does."""
+    if lease is None:
+        return {"status": "none"}
+    status = "expired" if now >= lease.expires_at else "live"
+    if status == "live" and lease.session and not ledger.session_alive(lease.session):
+        status = "session_gone"
+    return {
+        "status": status,
+        "holder": lease.worker,
+        "epoch": lease.epoch,
+        "expires_at": _iso(lease.expires_at),
+        "session": bool(lease.session),
+    }
+
+
+def _lease_text(case: dict[str, Any]) -> str:
+    status = case["status"]
+    if status == "none":
+        return "none (a new worker takes it at once)"
+    held = f"epoch {case['epoch']} held by {case['holder']}"
+    if status == "expired":
+        return f"expired at {case['expires_at']} ({held}): a new worker takes it at epoch {case['epoch'] + 1}"
+    if status == "session_gone":
+        return f"holder's session gone ({held}): a new worker takes it now, at epoch {case['epoch'] + 1}"
+    liveness = "" if case["session"] else "; no liveness session declared"
+    return f"lease live until {case['expires_at']} ({held}{liveness})"
 
 
 COMMANDS = (runs, history, verify, state, budgets, resume)

@@ -1,4 +1,4 @@
-"""``baton store init``: store administration."""
+"""``baton store init`` and ``baton store id``: store administration."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger, store_identity
 from baton.adapters.cli.app import Failed
 from baton.adapters.cli.identity import read_key
-from baton.adapters.cli.options import store_option
+from baton.adapters.cli.options import echo_json, json_option, store_option
 from baton.adapters.identity import SigningKey
 from baton.domain.identity import REGISTRY_RUN
 
@@ -66,6 +66,20 @@ def init(store: str | None, operator_key: str | None, key_out: str, operator: st
         click.echo(f"identities verified: {len(registry.principals)} principal(s) in the registry")
     else:
         click.echo("identities not verified: this store accepts unsigned submissions")
+    return 0
+
+
+@store.command("id")
+@store_option
+@json_option
+def store_id(store: str | None, as_json: bool) -> int:
+    """The store's id and Ed25519 public key, made by `baton store init` (the private key is never shown)."""
+    identity = store_identity(store)
+    if as_json:
+        echo_json({"store_id": identity.store_id, "public_key": identity.public_key})
+    else:
+        click.echo(f"store id    {identity.store_id}")
+        click.echo(f"public key  {identity.public_key}")
     return 0
 
 

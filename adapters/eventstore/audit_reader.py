@@ -8,6 +8,9 @@ server sends the next chunk while the audit checks this one), else through a ser
 page at a time. A key range (``low`` inclusive, ``high`` exclusive, compared by the database, as
 its ``ORDER BY`` compares) lets several processes share one store without sharing a run:
 ``key_ranges`` cuts the run rows into parts of about equal event counts.
+
+The audit compares each stored resume snapshot with the fold at its position: ``snapshot_runs``
+lists the runs that have any (one query per key range), ``stored_snapshots`` reads one run's.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from itertools import pairwise
 from psycopg import pq
 from psycopg.rows import tuple_row
 
+from baton.adapters.eventstore import snapshots
 from baton.adapters.eventstore.fenced import RunRow
 from baton.adapters.eventstore.ledger import RunLedger
 from baton.adapters.eventstore.postgres_recorder import FencedPostgresRecorder
 from baton.adapters.eventstore.sqlite_recorder import FencedSQLiteRecorder
 
-__all__ = ["CHUNKED_ROWS", "ITERSIZE", "KeyRange", "key_ranges", "stored_rows"]
+__all__ = ["CHUNKED_ROWS", "ITERSIZE", "KeyRange", "key_ranges", "snapshot_runs", "stored_rows", "stored_snapshots"]
 
 ITERSIZE = 5000  # rows per page
 CHUNKED_ROWS = pq.version() >= 170000  # libpq 17 streams a result in chunks of rows (``Cursor.stream(size=...)``)
@@ -44,19 +48,7 @@ def stored_rows(
     if not isinstance(recorder, FencedPostgresRecorder | FencedSQLiteRecorder):
         raise TypeError(f"no audit reader for {type(recorder).__name__}")
     table = recorder.events_table_name
-    conditions: list[str] = []
-    params: list[str] = []
-    if run_id is not None:
-        conditions.append("originator_id = %s")
-        params.append(run_id)
-    low, high = key_range
-    if low is not None:
-        conditions.append("originator_id >= %s")
-        params.append(low)
-    if high is not None:
-        conditions.append("originator_id < %s")
-        params.append(high)
-    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    where, params = _where(run_id, key_range)
     order = " ORDER BY originator_id, originator_version"
     if isinstance(recorder, FencedPostgresRecorder):
         statement = f'SELECT originator_id, state FROM "{recorder.datastore.schema}"."{table}"{where}{order}'
@@ -103,3 +95,44 @@ def key_ranges(runs: Sequence[RunRow], parts: int) -> list[KeyRange]:
             bounds.append(row.run_id)
         done += row.head
     return list(pairwise([None, *bounds, None]))
+
+
+def snapshot_runs(ledger: RunLedger, run_id: str | None = None, *, key_range: KeyRange = (None, None)) -> set[str]:
+    """The runs (all, one, or a key range's) with at least one stored snapshot."""
+    recorder = ledger.recorder
+    table = ledger.snapshot_recorder.events_table_name  # type: ignore[attr-defined]  # both backends' have one
+    where, params = _where(run_id, key_range)
+    if isinstance(recorder, FencedPostgresRecorder):
+        statement = f'SELECT DISTINCT originator_id FROM "{recorder.datastore.schema}"."{table}"{where}'
+        with recorder.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+            curs.execute(statement, params)
+            return {row[0] for row in curs.fetchall()}
+    if not isinstance(recorder, FencedSQLiteRecorder):
+        raise TypeError(f"no audit reader for {type(recorder).__name__}")
+    with recorder.datastore.transaction(commit=False) as curs:
+        curs.execute(f"SELECT DISTINCT originator_id FROM {table}{where.replace('%s', '?')}", params)
+        return {row[0] for row in curs.fetchall()}
+
+
+def stored_snapshots(ledger: RunLedger, run_id: str) -> dict[int, bytes]:
+    """A run's stored snapshots: position -> the fold's bytes each row claims (its tag is not checked:
+    the audit compares the claim with the fold itself)."""
+    rows = ledger.snapshot_recorder.select_events(run_id)
+    return {row.originator_version: snapshots.content(row.topic, row.state) for row in rows}
+
+
+def _where(run_id: str | None, key_range: KeyRange) -> tuple[str, list[str]]:
+    """The ``WHERE`` clause (``%s`` placeholders) for one run or a key range, and its parameters."""
+    conditions: list[str] = []
+    params: list[str] = []
+    if run_id is not None:
+        conditions.append("originator_id = %s")
+        params.append(run_id)
+    low, high = key_range
+    if low is not None:
+        conditions.append("originator_id >= %s")
+        params.append(low)
+    if high is not None:
+        conditions.append("originator_id < %s")
+        params.append(high)
+    return (f" WHERE {' AND '.join(conditions)}" if conditions else ""), params

@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import ClassVar
 
 from eventsourcing.application import Application
-from eventsourcing.persistence import Mapper, StoredEvent
+from eventsourcing.persistence import InterfaceError, Mapper, OperationalError, StoredEvent
 
 from baton.adapters.clock import Clock, SystemClock
 from baton.adapters.eventstore.fenced import Riders, RunRow
@@ -92,6 +92,24 @@ class RunLedger(Application[str]):
         """The run's current state: a private copy the caller may keep."""
         with self._cache.locked([run_id]):
             return working_copy(self._writes.current(run_id))
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def session(self) -> str:
+        """This process's liveness session with the store, kept open until ``close`` ("" where the store
+        has none): a worker declares it when it acquires a lease, so that the lease can be taken over
+        early once the store sees the session end (docs/operations.md, "Lease liveness")."""
+        try:
+            return self.store.session()
+        except (OperationalError, InterfaceError) as exc:
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
+
+    def session_alive(self, token: str) -> bool:
+        """Whether the store sees the session ``token`` still open (a token it cannot judge: True)."""
+        try:
+            return self.store.session_alive(token)
+        except (OperationalError, InterfaceError) as exc:
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
 
     # -- writing -----------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ newer Baton) is refused at open time with ``SchemaNotReady``, naming the command
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from baton.domain.errors import StoreUnavailable
 
@@ -28,6 +28,9 @@ class Migration(NamedTuple):
     version: int
     name: str
     statements: tuple[str, ...]
+    # a row made when the migration runs, never written into its SQL (the store's key): one
+    # parameterised statement, run after ``statements`` in the same transaction
+    seed: Callable[[], tuple[str, tuple[Any, ...]]] | None = None
 
 
 class SchemaNotReady(StoreUnavailable):

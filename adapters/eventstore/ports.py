@@ -14,6 +14,7 @@ from uuid import UUID
 from eventsourcing.persistence import Notification, StoredEvent
 
 from baton.adapters.eventstore.fenced import Riders, RunRow, SubmissionRow
+from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.domain.fencing import Fence
 
 __all__ = ["AsyncAppender", "FencedRecorder"]
@@ -79,6 +80,10 @@ class FencedRecorder(Protocol):
 
     def select_submission(self, submission_id: str) -> SubmissionRow | None: ...
 
+    def select_store_identity(self) -> StoreIdentity | None:
+        """The store's identity (``baton_store``), made by ``migrate``; None if its row is gone."""
+        ...
+
     def check_schema(self) -> None:
         """Raise ``SchemaNotReady`` unless the store's schema is the latest this Baton knows."""
         ...
@@ -89,6 +94,19 @@ class FencedRecorder(Protocol):
 
     def async_appender(self) -> AsyncAppender | None:
         """Appends from an event loop, or None where the store has none."""
+        ...
+
+    def session(self) -> str:
+        """The token of this process's liveness session with the store ("" where it has none).
+
+        Opened on first use and kept until ``close``; a lease acquired with it may be taken over
+        before its ttl once ``session_alive`` says it ended (docs/operations.md, "Lease liveness").
+        """
+        ...
+
+    def session_alive(self, token: str) -> bool:
+        """Whether the session ``token`` names may still be open: False only when the store can prove
+        it ended; a token it cannot judge (malformed, from elsewhere) counts as alive."""
         ...
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import retry
 from psycopg import Cursor
 from psycopg.abc import QueryNoTemplate
+from psycopg.errors import InsufficientPrivilege
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
@@ -53,6 +54,8 @@ from baton.adapters.eventstore.postgres_append import (
     translate,
 )
 from baton.adapters.eventstore.postgres_async import AsyncAppends
+from baton.adapters.eventstore.postgres_liveness import PostgresSession, session_alive
+from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.domain.fencing import Fence
 
 __all__ = ["FencedPostgresRecorder"]
@@ -76,6 +79,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.append_call = append_call(self.datastore.schema)
         self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
         self.one_run_read_append = one_run_append(self.datastore.schema, self.events_table_name, read_fence=True)
+        self._session = PostgresSession(self.datastore.pool)
 
     def create_table(self) -> None:
         """What the library calls under ``CREATE_TABLE=y``: apply the migrations."""
@@ -182,7 +186,16 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         return AsyncAppends(self.datastore.pool, self.append_statements, info)
 
     def close(self) -> None:
-        """Nothing beyond the library's pool, which the application closes."""
+        """Close the liveness session, if one was opened; the application closes the library's pool."""
+        self._session.close()
+
+    def session(self) -> str:
+        """A dedicated connection's backend is the session (``postgres_liveness``), opened on first use."""
+        return self._session.token()
+
+    def session_alive(self, token: str) -> bool:
+        with self.datastore.get_connection() as conn:
+            return session_alive(conn, token)
 
     def select_runs(self) -> list[RunRow]:
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
@@ -208,3 +221,15 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             )
             row = curs.fetchone()
         return SubmissionRow(**row) if row is not None else None
+
+    def select_store_identity(self) -> StoreIdentity | None:
+        """None also for a role that may not read ``baton_store`` (docs/operations.md, "Store identity"):
+        its resumes fold from the log."""
+        statement = SQL("SELECT store_id, public_key, private_key FROM {0}.baton_store")
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            try:
+                curs.execute(statement.format(Identifier(self.datastore.schema)))
+            except InsufficientPrivilege:
+                return None
+            row = curs.fetchone()
+        return StoreIdentity(row["store_id"], row["public_key"], bytes(row["private_key"])) if row else None

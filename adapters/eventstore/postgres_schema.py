@@ -8,7 +8,9 @@ Version 2 moves the store onto the library's recorder: notification ids come fro
 commit in id order under the append lock (``APPEND_LOCK``; version 1 stamped them from the
 transaction id, read below a snapshot bound), and the run rows are fenced by ``baton_fence``,
 which takes their row locks after that lock. Version 3 passes an append's events as one JSON
-parameter instead of four arrays (psycopg adapts one string far more cheaply).
+parameter instead of four arrays (psycopg adapts one string far more cheaply). Version 4 gives the
+store its identity (``baton_store``: an Ed25519 key made in the migration's transaction, see
+``store_identity``) and empties the snapshot table, whose untagged rows no resume would use again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from baton.adapters.eventstore.migrations import (
     plan,
     require_current,
 )
+from baton.adapters.eventstore.store_identity import new_identity
 
 __all__ = ["FENCE_COLUMNS", "FENCE_SQLSTATE", "migrations", "migrate", "check_schema"]
 
@@ -159,16 +162,22 @@ def migrations(schema: str, events_table: str) -> tuple[Migration, ...]:
     def sql(*statements: str) -> tuple[str, ...]:
         return tuple(SQL(s).format(**names).as_string(None) for s in statements)
 
-    triggers = [
-        statement
-        for target in ("{table}", "baton_submissions")
-        for statement in (
-            f"CREATE OR REPLACE TRIGGER baton_append_only BEFORE UPDATE OR DELETE ON {{schema}}.{target} "
-            "FOR EACH ROW EXECUTE FUNCTION {schema}.baton_refuse_change()",
-            f"CREATE OR REPLACE TRIGGER baton_no_truncate BEFORE TRUNCATE ON {{schema}}.{target} "
-            "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.baton_refuse_change()",
-        )
-    ]
+    def append_only(*targets: str) -> list[str]:
+        return [
+            statement
+            for target in targets
+            for statement in (
+                f"CREATE OR REPLACE TRIGGER baton_append_only BEFORE UPDATE OR DELETE ON {{schema}}.{target} "
+                "FOR EACH ROW EXECUTE FUNCTION {schema}.baton_refuse_change()",
+                f"CREATE OR REPLACE TRIGGER baton_no_truncate BEFORE TRUNCATE ON {{schema}}.{target} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.baton_refuse_change()",
+            )
+        ]
+
+    def identity() -> tuple[str, tuple[Any, ...]]:
+        insert = "INSERT INTO {schema}.baton_store (store_id, public_key, private_key) VALUES (%s, %s, %s)"
+        return sql(insert)[0], tuple(new_identity())
+
     return (
         Migration(
             0,
@@ -194,7 +203,7 @@ def migrations(schema: str, events_table: str) -> tuple[Migration, ...]:
                 "run_id text NOT NULL, content_digest text NOT NULL, position bigint NOT NULL)",
                 "CREATE TABLE IF NOT EXISTS {schema}.baton_blobs (digest text PRIMARY KEY, data bytea NOT NULL)",
                 _REFUSE_FUNCTION,
-                *triggers,
+                *append_only("{table}", "baton_submissions"),
             ),
         ),
         Migration(
@@ -216,6 +225,17 @@ def migrations(schema: str, events_table: str) -> tuple[Migration, ...]:
             "baton_append_events takes its events as one JSON parameter",
             sql(_APPEND_FUNCTION, _DROP_ARRAY_APPEND),
         ),
+        Migration(
+            4,
+            "the store's identity (baton_store, append-only); snapshots tagged with its key",
+            sql(
+                "CREATE TABLE {schema}.baton_store (singleton integer PRIMARY KEY DEFAULT 1 CHECK (singleton = 1), "
+                "store_id text NOT NULL, public_key text NOT NULL, private_key bytea NOT NULL)",
+                *append_only("baton_store"),
+                "DELETE FROM {schema}.{snapshots}",  # written untagged: none would be used again
+            ),
+            seed=identity,
+        ),
     )
 
 
@@ -229,6 +249,8 @@ def migrate(conn: Connection[Any], schema: str, events_table: str) -> list[int]:
         for migration in plan(steps, recorded, baseline_present=baseline):
             for statement in migration.statements:
                 curs.execute(statement)
+            if migration.seed is not None:
+                curs.execute(*migration.seed())
             if migration.version == 0 and recorded is None and baseline:
                 done += _record(curs, schema, baseline_versions(steps))  # its tables are the baseline's
             done += _record(curs, schema, [migration])

@@ -2,16 +2,21 @@
 
 Reads go through the recorders' library API (``select_events``, ``select_notifications``) a page at
 a time, so memory stays flat however long the run. Snapshots are a cache, never evidence: one is
-used only when the log's next event chains onto its head digest.
+used only when its tag (``snapshots``) verifies with the store's key for this run, its position and
+the digest the log holds there; any other is ignored, logged, and the run folded from the log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Generator, Iterator, Sequence
 
+import msgspec
 from eventsourcing.persistence import AggregateRecorder, IntegrityError, StoredEvent
 
+from baton.adapters.eventstore import snapshots as sealed
 from baton.adapters.eventstore.fenced import RunRow
 from baton.adapters.eventstore.mapper import decode_recorded
 from baton.adapters.eventstore.ports import FencedRecorder
@@ -25,7 +30,7 @@ __all__ = ["PAGE", "SNAPSHOT_EVERY", "LedgerReads"]
 
 PAGE = 1000
 SNAPSHOT_EVERY = 100  # a resume never folds more than this many events past the latest snapshot
-_SNAPSHOT_TOPIC = "projections.portable_state:ResumeState.v3"
+log = logging.getLogger("baton.snapshots")
 
 
 class LedgerReads:
@@ -55,25 +60,24 @@ class LedgerReads:
     def resume_fold(self, run_id: str, *, snapshots: bool = True) -> PortableStateFold:
         """Everything a resume needs, folded from the latest snapshot plus the events after it.
 
-        The first event after a snapshot must chain onto the snapshot's head digest, or the
-        snapshot is ignored and the run is folded from scratch. After folding ``SNAPSHOT_EVERY``
-        or more events a new snapshot is written.
+        The events are read from the snapshot's own position: the tag must verify for the digest
+        the log holds there, or the snapshot is ignored (and logged) and the run is folded from
+        scratch. After folding ``SNAPSHOT_EVERY`` or more events a new snapshot is written.
         """
-        fold = self._latest_snapshot(run_id) if snapshots else None
+        latest = self._latest_snapshot(run_id) if snapshots else None
+        fold: PortableStateFold | None = None
+        folded = 0
+        if latest is not None and (key := self._snapshot_key) is not None:
+            with contextlib.closing(self.history(run_id, after=latest.originator_version - 1)) as events:
+                fold = _trusted(key, run_id, latest, next(events, None))
+                if fold is not None:
+                    folded = _fold(fold, events)
         if fold is None:
             fold = PortableStateFold(run_id)
-        start, folded, chained = fold.run.version, 0, True
-        with contextlib.closing(self.history(run_id, after=start)) as events:
-            for event in events:
-                if folded == 0 and start and event.prev_digest != fold.run.head_digest:
-                    chained = False  # the snapshot does not chain onto the log: ignore it
-                    break
-                fold.apply(event)
-                folded += 1
-        if not chained:
-            return self.resume_fold(run_id, snapshots=False)
-        if snapshots and folded >= SNAPSHOT_EVERY:
-            self._write_snapshot(fold)
+            with contextlib.closing(self.history(run_id)) as events:
+                folded = _fold(fold, events)
+        if snapshots and folded >= SNAPSHOT_EVERY and (key := self._snapshot_key) is not None:
+            self._write_snapshot(key, fold)
         return fold
 
     def replay_steps(self, run_id: str, outline: PrefixOutline) -> Iterator[ReplayStep]:
@@ -116,14 +120,69 @@ class LedgerReads:
     def runs(self) -> list[RunRow]:
         return self.store.select_runs()
 
-    def _latest_snapshot(self, run_id: str) -> PortableStateFold | None:
-        latest = self.snapshots.select_events(run_id, desc=True, limit=1)
-        if not latest or latest[0].topic != _SNAPSHOT_TOPIC:
-            return None  # none yet, or written by an older build in another shape: fold from scratch
-        return PortableStateFold.from_bytes(latest[0].state)
+    @functools.cached_property
+    def _snapshot_key(self) -> bytes | None:
+        """The store's snapshot key, read once, when a snapshot is first used or written (a process that
+        never meets one never holds it); None (no snapshots used or written) without an identity."""
+        identity = self.store.select_store_identity()
+        if identity is None:
+            log.warning(
+                "the store's identity cannot be read (no baton_store row, or this role may not read it): "
+                "resumes fold from the log, without snapshots"
+            )
+            return None
+        return identity.snapshot_key()
 
-    def _write_snapshot(self, fold: PortableStateFold) -> None:
+    def _latest_snapshot(self, run_id: str) -> StoredEvent | None:
+        latest = self.snapshots.select_events(run_id, desc=True, limit=1)
+        return latest[0] if latest else None
+
+    def _write_snapshot(self, key: bytes, fold: PortableStateFold) -> None:
         run = fold.run
-        snapshot = StoredEvent(run.run_id, run.version, _SNAPSHOT_TOPIC, fold.to_bytes())
+        stored = sealed.seal(key, run.run_id, run.version, run.head_digest, fold.to_bytes())
+        snapshot = StoredEvent(run.run_id, run.version, sealed.TOPIC, stored)
         with contextlib.suppress(IntegrityError):  # another process wrote this position's snapshot
             self.snapshots.insert_events([snapshot])
+
+
+def _fold(fold: PortableStateFold, events: Iterator[RecordedEvent]) -> int:
+    """Apply ``events`` to ``fold``; how many there were."""
+    folded = 0
+    for event in events:
+        fold.apply(event)
+        folded += 1
+    return folded
+
+
+def _trusted(key: bytes, run_id: str, row: StoredEvent, event: RecordedEvent | None) -> PortableStateFold | None:
+    """The snapshot ``row`` as a fold, if this store wrote it for this run at the log's ``event``;
+    else None, and a warning naming the run, the position and why."""
+    found = _unsealed(key, run_id, row, event)
+    if isinstance(found, str):
+        log.warning(
+            "snapshot of run %r at position %d ignored: %s; folding the run from its log",
+            run_id,
+            row.originator_version,
+            found,
+        )
+        return None
+    return found
+
+
+def _unsealed(key: bytes, run_id: str, row: StoredEvent, event: RecordedEvent | None) -> PortableStateFold | str:
+    """The fold a snapshot row holds, or why it is not to be used."""
+    position = row.originator_version
+    if event is None or event.position != position:
+        return "the log has no event at its position"
+    if row.topic != sealed.TOPIC:
+        return f"its topic {row.topic!r} is not a snapshot this Baton writes"
+    data = sealed.unseal(key, run_id, position, event.digest, row.state)
+    if data is None:
+        return "its tag does not verify for this run, position and log digest"
+    try:
+        fold = PortableStateFold.from_bytes(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "its content does not decode"
+    if (fold.run.run_id, fold.run.version, fold.run.head_digest) != (run_id, position, event.digest):
+        return "its content names another run, position or digest"
+    return fold

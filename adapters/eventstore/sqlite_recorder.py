@@ -26,7 +26,9 @@ from baton.adapters.eventstore.fenced import (
     SubmissionRow,
     sorted_fences,
 )
+from baton.adapters.eventstore.liveness import process_alive, process_token
 from baton.adapters.eventstore.ports import AsyncAppender
+from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.domain.fencing import Fence
 
 __all__ = ["FencedSQLiteRecorder"]
@@ -60,6 +62,13 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
 
     def close(self) -> None:
         """Nothing beyond the library's pool, which the application closes."""
+
+    def session(self) -> str:
+        """The process is the session: a SQLite store is on one host (``liveness``)."""
+        return process_token()
+
+    def session_alive(self, token: str) -> bool:
+        return process_alive(token)
 
     def _insert_events(
         self,
@@ -103,6 +112,12 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
             c.execute("SELECT * FROM baton_submissions WHERE submission_id=?", (submission_id,))
             row = c.fetchone()
         return SubmissionRow(**dict(row)) if row is not None else None
+
+    def select_store_identity(self) -> StoreIdentity | None:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute("SELECT store_id, public_key, private_key FROM baton_store")
+            row = c.fetchone()
+        return StoreIdentity(row[0], row[1], bytes(row[2])) if row is not None else None
 
 
 def _apply_fence(c: SQLiteCursor, f: Fence) -> None:

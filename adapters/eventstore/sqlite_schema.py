@@ -3,6 +3,10 @@
 Migrations run on a connection of their own in one ``BEGIN IMMEDIATE`` transaction, which takes
 the file's write lock before anything is read: two concurrent ``store init`` runs take turns, and
 the second finds the first one's versions recorded.
+
+Version 2 gives the store its identity (``baton_store``: an Ed25519 key made in the migration's
+transaction, see ``store_identity``) and empties the snapshot table, whose untagged rows no resume
+would use again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from baton.adapters.eventstore.migrations import (
     plan,
     require_current,
 )
+from baton.adapters.eventstore.store_identity import new_identity
 
 __all__ = ["MIGRATIONS", "check_schema", "migrate"]
 
@@ -27,6 +32,7 @@ __all__ = ["MIGRATIONS", "check_schema", "migrate"]
 # (every statement of which leaves what exists as it is).
 _BASELINE_TABLES = {"stored_events", "stored_snapshots", "baton_runs", "baton_submissions", "baton_blobs"}
 _BUSY_TIMEOUT_S = 5.0  # sqlite3's default: how long a concurrent init may keep the file locked
+_INSERT_IDENTITY = "INSERT INTO baton_store (store_id, public_key, private_key) VALUES (?, ?, ?)"
 
 
 def _append_only(table: str) -> tuple[str, ...]:
@@ -61,6 +67,17 @@ MIGRATIONS = (
             *_append_only("baton_submissions"),
         ),
     ),
+    Migration(
+        2,
+        "the store's identity (baton_store, append-only); snapshots tagged with its key",
+        (
+            "CREATE TABLE baton_store (singleton INTEGER PRIMARY KEY DEFAULT 1 CHECK (singleton = 1), "
+            "store_id TEXT NOT NULL, public_key TEXT NOT NULL, private_key BLOB NOT NULL)",
+            *_append_only("baton_store"),
+            "DELETE FROM stored_snapshots",  # written untagged: none would be used again
+        ),
+        seed=lambda: (_INSERT_IDENTITY, tuple(new_identity())),
+    ),
 )
 
 
@@ -75,6 +92,8 @@ def migrate(path: str) -> list[int]:
             for migration in plan(MIGRATIONS, recorded, baseline_present=baseline):
                 for statement in migration.statements:
                     connection.execute(statement)
+                if migration.seed is not None:
+                    connection.execute(*migration.seed())
                 if migration.version == 0 and recorded is None and baseline:
                     done += _record(connection, baseline_versions(MIGRATIONS))  # its tables are the baseline's
                 done += _record(connection, [migration])

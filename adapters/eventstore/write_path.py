@@ -25,6 +25,7 @@ from baton.adapters.eventstore.fenced import (
     Riders,
     SubmissionRow,
 )
+from baton.adapters.eventstore.liveness import session_to_judge
 from baton.adapters.eventstore.mapper import StoredRunEvent, decode_recorded
 from baton.adapters.eventstore.ports import AsyncAppender, FencedRecorder
 from baton.adapters.eventstore.state_cache import StateCache, working_copy
@@ -135,6 +136,8 @@ class WritePath:
             registry = self.cache.get(REGISTRY_RUN)
             if state is None or registry is None or (not registry.opened and self._unopened_expired()):
                 return None
+            if session_to_judge(state, submission, self.clock.now()):
+                return None  # asking the store whether the holder's session lives would block the loop
             states = {submission.run_id: state}
             read = None if submission.run_id == REGISTRY_RUN else _opened(registry)  # else it is in ``states``
             draft = self._draft([submission], states, read, refresh=False, all_or_nothing=True)
@@ -225,7 +228,9 @@ class WritePath:
             state = working[submission.run_id]
             try:
                 signed = _authenticate(working.get(REGISTRY_RUN, registry), state, submission)
-                bodies = decide(state, submission, now)
+                session = session_to_judge(state, submission, now)  # "" on every ordinary append
+                gone = bool(session) and not self.store.session_alive(session)
+                bodies = decide(state, submission, now, holder_gone=gone)
             except errors.Rejection as rejection:
                 if all_or_nothing or not refresh:
                     return None

@@ -2,7 +2,8 @@
 
 The fixtures in ``tests/fixtures/written-at-c914c1b`` were written by commit c914c1b (before the
 canonical encoder was reduced to its reference definition): ``a.db`` holds the demo run and a run
-``r1`` handed off to another store, ``b.db`` that store, and ``r1.export.jsonl`` r1's export.
+``r1`` handed off to another store, ``b.db`` that store, and ``r1.export.jsonl`` r1's export. Each
+store is upgraded first, as an operator does after installing a new release (``baton store init``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import msgspec
 from test_cli import baton
 
-from baton.adapters.bootstrap import open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger
 from baton.domain.commands import RecordIntent, Submission
 from baton.domain.events import IntentRecorded
 
@@ -23,8 +24,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "written-at-c914c1
 
 
 def copied(tmp_path: Path, name: str) -> str:
+    """A copy of the fixture store ``name``, upgraded to this release's schema."""
     shutil.copy(FIXTURES / name, tmp_path / name)
-    return f"sqlite:///{tmp_path / name}"
+    url = f"sqlite:///{tmp_path / name}"
+    init_store(url)
+    return url
 
 
 def test_a_store_written_before_audits_clean_and_every_chain_verifies(tmp_path: Path) -> None:

@@ -30,10 +30,14 @@ from baton.domain.commands import (
     ExpireLease,
     OpenRun,
     RecordIntent,
+    RecordObservation,
     RenewLease,
+    ReserveStage,
+    ResumeFrom,
     Submission,
     Verdict,
 )
+from baton.domain.decide import context_digest
 from baton.domain.events import BlobRef, IntentContext, Placement
 
 __all__ = [
@@ -143,6 +147,18 @@ def intent(op_id: str, *, kind: Literal["effect", "pure"] = "pure", **arguments:
     return RecordIntent(op_id, kind, "tool@1", context, f"idem-{op_id}")
 
 
+def observation(op_id: str, **arguments: Any) -> RecordObservation:
+    """The ``ok`` outcome of ``intent(op_id, **arguments)``: a run takes one intent at a time, so each
+    is settled before the next."""
+    context = IntentContext(turn=1, operation=op_id, arguments=arguments)
+    return RecordObservation(op_id, context_digest(context), "ok")
+
+
+def settled_step(op_id: str, **arguments: Any) -> list[RecordIntent | RecordObservation]:
+    """An intent and its observation, in submission order."""
+    return [intent(op_id, **arguments), observation(op_id, **arguments)]
+
+
 def positions(ledger: RunLedger, run_id: str) -> list[int]:
     return [event.position for event in ledger.history(run_id)]
 
@@ -187,7 +203,7 @@ def old_owner(url: str, run_id: str, running: Any, striking: Any, results: Any, 
     try:
         rejected = 0
         for i in range(OLD_OWNER_MAX_SUBMISSIONS):
-            command: Command = RenewLease(ttl_ms=600_000) if i % 10 == 9 else intent(f"a-op-{i}")
+            command: Command = RenewLease(ttl_ms=600_000) if i % 10 == 9 else ReserveStage(f"a-{i}", 1)
             verdict = ledger.submit(Submission(f"a-{i}", run_id, "A", command, 1))
             verdicts.append(msgspec.to_builtins(verdict))
             rejected += verdict.verdict == "rejected"
@@ -206,6 +222,12 @@ def old_owner(url: str, run_id: str, running: Any, striking: Any, results: Any, 
         running.set()
         ledger.close()
         results.put(("A", verdicts, error))
+
+
+def _replayed(ledger: RunLedger, run_id: str) -> ResumeFrom:
+    """What a new holder says once it has replayed the prefix the ledger froze at the takeover."""
+    state = ledger.state(run_id)
+    return ResumeFrom(state.prefix_position, state.prefix_digest)
 
 
 def new_owner(url: str, run_id: str, running: Any, striking: Any, results: Any, deadline_s: float) -> None:
@@ -228,7 +250,8 @@ def new_owner(url: str, run_id: str, running: Any, striking: Any, results: Any, 
         for i in range(NEW_OWNER_APPENDS):
             if time.monotonic() > end:
                 break
-            verdict = ledger.submit(Submission(f"b-{i}", run_id, "B", intent(f"b-op-{i}"), 2))
+            command = _replayed(ledger, run_id) if i == 0 else ReserveStage(f"b-{i}", 1)
+            verdict = ledger.submit(Submission(f"b-{i}", run_id, "B", command, 2))
             verdicts.append(msgspec.to_builtins(verdict))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"

@@ -26,6 +26,7 @@ from baton.domain.commands import (
     RecordObservation,
     RecordTransition,
     ReserveStage,
+    ResumeFrom,
     SealCheckpoint,
     Submission,
     Verdict,
@@ -80,8 +81,16 @@ class Worker:
         assert verdict.verdict == "accepted", verdict
         return verdict
 
+    def replayed(self) -> Verdict:
+        """Say the prefix the lease's move froze was replayed (``resume_from``), as a new holder must."""
+        run = self.ledger.state(self.run_id)
+        return self.ok(ResumeFrom(run.prefix_position, run.prefix_digest))
+
     def work(self, op_id: str, state: dict[str, Any]) -> None:
-        """One observed operation and one stage, then a checkpoint sealing ``state``."""
+        """One observed operation and one stage, then a checkpoint sealing ``state`` (after replaying
+        the prefix, if the lease came to this worker from another)."""
+        if self.ledger.state(self.run_id).replay_required:
+            self.replayed()
         context = IntentContext(1, "run_tests", effect="read", arguments={"op": op_id})
         self.ok(ReserveStage(f"stage-{op_id}", 3))
         self.ok(RecordIntent(op_id, "effect", "shell@1", context, f"idem-{op_id}"))
@@ -154,6 +163,7 @@ def test_every_lost_acknowledgement_is_resolved_by_reading_the_store(ledger: Run
     second = handoff.accept(ledger, prepared.document, prepared.digest)
     assert (first.verdict, second.verdict, second.position) == ("accepted", "duplicate", first.position)
 
+    Worker(ledger, "w2").replayed()
     context = IntentContext(1, "commit", effect="write")
     intent = Submission("w2-first", RUN, "w2", RecordIntent("op-c", "effect", "git@1", context, "k"), 2)
     assert [ledger.submit(intent).verdict for _ in range(2)] == ["accepted", "duplicate"]
@@ -169,7 +179,7 @@ def test_a_run_with_an_uncertain_effect_or_unsealed_work_cannot_move(ledger: Run
 
     uncertain = handoff.prepare(ledger, RUN, destination=to("w2"), state=STATE_V1).verdict
 
-    assert (uncertain.verdict, uncertain.reason) == ("rejected", "handoff_unsafe")
+    assert (uncertain.verdict, uncertain.reason) == ("rejected", "uncertain_intent")
     assert uncertain.message is not None and "'op-x'" in uncertain.message and "reconcile" in uncertain.message
     source.ok(RecordObservation("op-x", context_digest(context), "ok"))
     unsealed = handoff.prepare(ledger, RUN, destination=to("w2"), state=STATE_V1).verdict
@@ -203,12 +213,12 @@ def test_cross_store_chain_carries_cumulative_budgets_and_migrates_once_per_step
     assert handoff.accept(c, doc_bc.document, doc_bc.digest).verdict == "accepted"
 
     at_c = c.state(RUN)
-    per_hop = Usage(calls=1, stages=1, reserved_fuel=3, iterations=0)
-    replayed = 3 if replay_at_b else 0
+    per_hop = Usage(calls=1, stages=1, reserved_fuel=3, iterations=0)  # a stage counts when reserved
+    replayed = Usage(stages=1, reserved_fuel=3) if replay_at_b else Usage()
     assert (at_c.usage.calls, at_c.usage.stages, at_c.usage.reserved_fuel) == (
         2 * per_hop.calls,
-        2 * per_hop.stages,
-        2 * per_hop.reserved_fuel + replayed,
+        2 * per_hop.stages + replayed.stages,
+        2 * per_hop.reserved_fuel + replayed.reserved_fuel,
     )
     assert decode_document(doc_bc.document).usage == at_c.usage  # C reports carried + local, nothing lost
     assert at_c.usage.iterations == 1  # B's transition back to GENERATING is one rework iteration

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from integration_support import TASK, RawStore, intent
+from integration_support import TASK, RawStore, intent, observation
 from test_tampering import force_update
 
 from baton.adapters.audit_runner import audit_store
@@ -199,6 +199,7 @@ def test_the_audit_checks_every_signature_and_names_a_forged_one(signed: Signed)
     """Given a clean signed store, when an attacker with database access swaps an event's signature for
     another valid-looking one and re-seals the chain, then the audit names bad_signature at its position."""
     first = signed.send("alice", intent("op-1"), epoch=1)
+    signed.send("alice", observation("op-1"), epoch=1)
     second = signed.send("alice", intent("op-2"), epoch=1)
     assert audit_store(signed.ledger).problems == []
     events = {e.position: e for e in signed.ledger.history(RUN)}

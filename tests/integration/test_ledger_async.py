@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run, positions
+from integration_support import LedgerFactory, RawStore, Submitter, intent, observation, open_run, positions
 
 from baton.adapters.clock import ManualClock
 
@@ -28,7 +28,7 @@ def test_an_async_append_is_one_link_of_the_chain_and_its_retry_is_a_duplicate(
     assert verdict is not None and (verdict.verdict, verdict.position) == ("accepted", 3)
     retry = ledger.submit(submission)
     assert (retry.verdict, retry.position) == ("duplicate", 3)
-    assert worker.submit(intent("op-2")).position == 4  # the sync path continues the same chain
+    assert worker.submit(observation("op-1")).position == 4  # the sync path continues the same chain
     assert positions(ledger, "r1") == [1, 2, 3, 4]
     assert ledger.verify("r1").events == 4
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 from eventsourcing.persistence import DataError, ProgrammingError, StoredEvent
-from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
+from integration_support import LedgerFactory, RawStore, Submitter, intent, observation, open_run
 
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.clock import ManualClock
@@ -258,7 +258,7 @@ def test_an_append_after_the_server_dropped_the_ledgers_connections_goes_through
         "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
     )
 
-    verdict = worker.submit(intent("op-2"))
+    verdict = worker.submit(observation("op-1"))
 
     assert (verdict.verdict, verdict.position) == ("accepted", 4)
     assert store.event_count(worker.run_id) == 4

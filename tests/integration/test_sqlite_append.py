@@ -13,6 +13,7 @@ from integration_support import LedgerFactory, RawStore, Submitter, intent, open
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.fenced import AppendConflict, DuplicateSubmission, RunRow, SubmissionRow
 from baton.adapters.eventstore.sqlite_recorder import FencedSQLiteRecorder
+from baton.domain.commands import ReserveStage
 from baton.domain.errors import StoreUnavailable
 from baton.domain.fencing import Fence
 
@@ -38,12 +39,12 @@ def leased(ledger: RunLedger) -> Submitter:
 def test_a_batch_larger_than_one_statement_is_stored_whole_and_in_order(
     ledgers: LedgerFactory, store: RawStore
 ) -> None:
-    """Given a leased run, when 450 intents are submitted as one batch, then each is accepted at its
+    """Given a leased run, when 450 stage reservations are submitted as one batch, then each is accepted at its
     own position, stored there under its own submission id, the chain verifies, and a retry of one
     of them is a duplicate at its position."""
     ledger = ledgers()
     worker = leased(ledger)
-    batch = [worker.submission(intent(f"op-{i}")) for i in range(BATCH)]
+    batch = [worker.submission(ReserveStage(f"stage-{i}", 1)) for i in range(BATCH)]
 
     verdicts = ledger.submit_many(batch)
 
@@ -53,7 +54,7 @@ def test_a_batch_larger_than_one_statement_is_stored_whole_and_in_order(
     assert {sid: position for sid, position in stored if sid in {s.submission_id for s in batch}} == {
         s.submission_id: 3 + i for i, s in enumerate(batch)
     }
-    assert [event.body.op_id for event in ledger.history(RUN, after=2)] == [f"op-{i}" for i in range(BATCH)]  # type: ignore[attr-defined]
+    assert [event.body.stage_id for event in ledger.history(RUN, after=2)] == [f"stage-{i}" for i in range(BATCH)]  # type: ignore[attr-defined]
     assert ledger.verify(RUN).events == 2 + BATCH
     assert ledger.submit(batch[250]).verdict == "duplicate"
     assert ledger.submit(batch[250]).position == 253

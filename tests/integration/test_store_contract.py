@@ -16,7 +16,17 @@ import msgspec
 import psycopg
 import pytest
 from eventsourcing.persistence import OperationalError
-from integration_support import T0, TASK, LedgerFactory, RawStore, Submitter, intent, open_run, positions
+from integration_support import (
+    T0,
+    TASK,
+    LedgerFactory,
+    RawStore,
+    Submitter,
+    intent,
+    observation,
+    open_run,
+    positions,
+)
 
 from baton.adapters.bootstrap import init_store
 from baton.adapters.clock import ManualClock
@@ -24,7 +34,15 @@ from baton.adapters.eventstore import RunLedger, content_digest
 from baton.adapters.eventstore import write_path as ledger_module
 from baton.adapters.eventstore.fenced import FenceViolation
 from baton.domain.budgets import Ceilings
-from baton.domain.commands import OpenRun, RecordObservation, RecordTransition, RenewLease, Submission, Verdict
+from baton.domain.commands import (
+    OpenRun,
+    RecordObservation,
+    RecordTransition,
+    RenewLease,
+    ReserveStage,
+    Submission,
+    Verdict,
+)
 from baton.domain.decide import context_digest
 from baton.domain.errors import StoreUnavailable
 from baton.domain.events import ObservationRecorded
@@ -152,7 +170,7 @@ def test_stale_epoch_after_takeover_stores_nothing(ledgers: LedgerFactory, store
         assert (verdict.verdict, verdict.reason, verdict.current_epoch) == ("rejected", "stale_epoch", 2)
     assert store.event_count(RUN) == count_before == 5
     assert not {at_old_epoch.submission_id, claiming_new_epoch.submission_id} & store.submission_ids()
-    assert b.submit(intent("op-2")).position == 6  # the new owner is unaffected
+    assert b.submit(RenewLease()).position == 6  # the new owner is unaffected
 
 
 def test_stale_writer_with_cached_state_is_rejected(ledgers: LedgerFactory, store: RawStore) -> None:
@@ -209,14 +227,15 @@ def test_budget_exceeded_stores_nothing(ledgers: LedgerFactory, store: RawStore)
     ledger = ledgers()
     worker = leased_run(ledger, ceilings=Ceilings(calls=1))
     assert worker.submit(intent("op-1")).verdict == "accepted"
+    assert worker.submit(observation("op-1")).verdict == "accepted"
 
     verdict = worker.submit(intent("op-2"))
 
     assert (verdict.verdict, verdict.reason) == ("rejected", "budget_exceeded")
-    assert store.event_count(RUN) == 3
+    assert store.event_count(RUN) == 4
     assert verdict.submission_id not in store.submission_ids()
     state = ledgers().state(RUN)
-    assert (state.usage.calls, state.version) == (1, 3)
+    assert (state.usage.calls, state.version) == (1, 4)
     assert "op-2" not in state.operations
 
 
@@ -228,7 +247,8 @@ def test_submit_many_appends_ten_in_one_transaction(
     are the verdicts."""
     ledger = ledgers()
     worker = leased_run(ledger)
-    batch = [worker.submission(intent(f"op-{i}")) for i in range(9)]
+    batch = [worker.submission(command) for i in range(4) for command in (intent(f"op-{i}"), observation(f"op-{i}"))]
+    batch.append(worker.submission(ReserveStage("review", 5)))
     batch.append(worker.submission(RecordTransition(Stage.CANDIDATE_READY, STATE_DIGEST)))
     appends: list[int] = []
     tracked: list[int] = []
@@ -261,7 +281,7 @@ def test_submit_many_with_a_rejected_member_gives_each_its_own_verdict(ledgers: 
     """Given a batch with an illegal fifth command, when submitted, then the rest are contiguous, it stores nothing."""
     ledger = ledgers()
     worker = leased_run(ledger)
-    batch = [worker.submission(intent(f"op-{i}")) for i in range(10)]
+    batch = [worker.submission(ReserveStage(f"stage-{i}", 1)) for i in range(10)]
     batch[4] = worker.submission(RecordTransition(Stage.VERIFIED, STATE_DIGEST))  # GENERATING -> VERIFIED
 
     verdicts = ledger.submit_many(batch)
@@ -285,7 +305,7 @@ def test_racing_ledgers_never_leave_a_gap_or_duplicate_a_position(ledgers: Ledge
         submitter = Submitter(contenders[index], RUN, "A", epoch=worker.epoch, prefix=f"L{index}")
         try:
             start.wait(timeout=10)
-            verdicts[index] = [submitter.submit(intent(f"L{index}-op-{i}")) for i in range(per_ledger)]
+            verdicts[index] = [submitter.submit(ReserveStage(f"L{index}-{i}", 1)) for i in range(per_ledger)]
         except BaseException as exc:
             failures.append(exc)
 
@@ -346,7 +366,7 @@ def test_init_store_twice_is_idempotent(ledgers: LedgerFactory, store: RawStore)
     fresh = ledgers()
     assert positions(fresh, RUN) == [1, 2, 3]
     assert fresh.verify(RUN).events == 3
-    assert Submitter(fresh, RUN, "A", epoch=1, prefix="again").submit(intent("op-2")).position == 4
+    assert Submitter(fresh, RUN, "A", epoch=1, prefix="again").submit(observation("op-1")).position == 4
     assert (fresh.runs()[0].head, fresh.runs()[0].epoch) == (4, 1)
     with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="append-only"):
         store.execute(f"DELETE FROM {store.events_table}")
@@ -379,6 +399,7 @@ def test_rejected_submissions_leave_no_submission_rows(ledgers: LedgerFactory, s
     ledger = ledgers(clock)
     a = leased_run(ledger, ttl_ms=1_000, ceilings=Ceilings(calls=2))
     op_1 = a.submit(intent("op-1"))
+    a.submit(observation("op-1"))
     rejected = [
         a.submit(RecordTransition(Stage.COMMITTED, STATE_DIGEST)),
         a.submit(RenewLease(ttl_ms=0)),
@@ -386,6 +407,7 @@ def test_rejected_submissions_leave_no_submission_rows(ledgers: LedgerFactory, s
         a.submit(intent("op-2"), sid=op_1.submission_id),
     ]
     op_3 = a.submit(intent("op-3"))  # the second and last call the budget allows
+    a.submit(observation("op-3"))
     rejected.append(a.submit(intent("op-4")))
     clock.advance(seconds=2)
     takeover = Submitter(ledger, RUN, "B").acquire()
@@ -399,8 +421,8 @@ def test_rejected_submissions_leave_no_submission_rows(ledgers: LedgerFactory, s
         "budget_exceeded",
         "stale_epoch",
     ]
-    accepted = [("open-run-1", 1), ("A-0", 2), (op_1.submission_id, 3), (op_3.submission_id, 4)]
-    accepted.append((takeover.submission_id, 6))  # LeaseExpired at 5 and LeaseGranted at 6: one submission
+    accepted = [("open-run-1", 1), ("A-0", 2), (op_1.submission_id, 3), ("A-2", 4), (op_3.submission_id, 5)]
+    accepted += [("A-7", 6), (takeover.submission_id, 8)]  # LeaseExpired at 7 and LeaseGranted at 8: one submission
     rows = store.query("SELECT submission_id, position FROM baton_submissions ORDER BY position")
     assert rows == accepted
     assert {e.submission_id for e in ledger.history(RUN)} == {sid for sid, _ in accepted}
@@ -497,7 +519,7 @@ def test_append_after_a_failed_append_keeps_the_chain_intact(
         worker_1.submit(intent("op-1"))
     assert worker_2.submit(intent("op-x")).position == 3
 
-    verdict = worker_1.submit(intent("op-2"))
+    verdict = worker_1.submit(observation("op-x"))
 
     assert verdict.verdict == "accepted"
     assert ledger_2.verify(RUN).events == store.event_count(RUN)
@@ -521,9 +543,11 @@ def test_a_lost_race_reads_only_the_tail_and_decides_like_a_fresh_fold(
 
         monkeypatch.setattr(ledger.store, "select_events", spy)
 
+    assert worker_2.submit(observation("op-warm")).verdict == "accepted"
     for i in range(6):
         worker = worker_1 if i % 2 else worker_2
         assert worker.submit(intent(f"op-{i}")).verdict == "accepted"
+        assert worker.submit(observation(f"op-{i}")).verdict == "accepted"
         assert worker.submit(intent(f"op-{i}")).reason == "duplicate_operation"  # op ids survive the misses
 
     assert reads and min(reads) > 0  # every catch-up starts at a cached head, never at the first event
@@ -559,14 +583,14 @@ def test_an_interrupt_in_the_middle_of_a_batch_leaves_no_phantom_state(
 def test_a_failed_batch_puts_back_the_operations_it_settled_and_added(
     ledgers: LedgerFactory, store: RawStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Given op-1 open, when a batch intending op-2 and observing op-1 fails before commit, then the ledger
+    """Given op-1 open, when a batch observing op-1 and intending op-2 fails before commit, then the ledger
     shows op-1 still open and no op-2 (the undo point shares the open operations until the observation),
     and the same batch is accepted afterwards."""
     ledger = ledgers()
     worker = leased_run(ledger)
     assert worker.submit(intent("op-1")).position == 3
     observed = RecordObservation("op-1", context_digest(intent("op-1").context), "ok")
-    batch = [worker.submission(intent("op-2")), worker.submission(observed)]
+    batch = [worker.submission(observed), worker.submission(intent("op-2"))]
     fail_next_append(monkeypatch, ledger)
 
     with pytest.raises(StoreUnavailable):
@@ -637,7 +661,7 @@ def test_threads_of_one_ledger_append_to_their_own_runs(ledgers: LedgerFactory, 
     positions: dict[str, list[int | None]] = {}
 
     def append(worker: Submitter) -> None:
-        positions[worker.run_id] = [worker.submit(intent(f"op-{i}")).position for i in range(40)]
+        positions[worker.run_id] = [worker.submit(ReserveStage(f"stage-{i}", 1)).position for i in range(40)]
 
     threads = [threading.Thread(target=append, args=(worker,)) for worker in workers]
     for thread in threads:

@@ -4,6 +4,7 @@ whose schema is not the one it writes."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import sqlite3
 import threading
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 from integration_support import LedgerFactory, RawStore, Submitter, intent, open_run
 
-from baton.adapters.bootstrap import init_store, open_ledger
+from baton.adapters.bootstrap import init_store, open_ledger, store_identity
 from baton.adapters.clock import ManualClock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.migrations import SchemaNotReady
 from baton.adapters.eventstore.postgres_schema import migrations as postgres_migrations
 from baton.adapters.eventstore.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
+from baton.adapters.eventstore.store_identity import store_id_of
 from baton.adapters.settings import StoreSettings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "written-at-c914c1b" / "a.db"
@@ -93,21 +95,28 @@ def test_a_store_migrated_by_a_newer_baton_is_refused_at_open_and_at_init(store:
 
 
 def test_an_old_sqlite_store_is_recognised_and_upgraded_without_rerunning_its_ddl(tmp_path: Path) -> None:
-    """Given the store written at c914c1b (no version table), then a ledger opens it as it is; when init
-    runs, then versions 0 and 1 are recorded, its tables are left as they were, every run still
-    verifies and a new run appends after the old ones."""
+    """Given the store written at c914c1b (no version table), when a ledger opens it, then it is told to run
+    init; when init runs, then versions 0 and 1 are recorded and 2 applied, its tables are left as they were
+    beside the version table and the store's identity (one row, append-only), every run still verifies and a
+    new run appends after the old ones."""
     path = tmp_path / "a.db"
     shutil.copy(FIXTURE, path)
     url = f"sqlite:///{path}"
     schema_before = _sqlite_schema(path)
-    ledger = open_ledger(url)  # the baseline is this Baton's schema: nothing to migrate first
-    ledger.close()
+    with pytest.raises(SchemaNotReady, match="version 1, this Baton needs 2"):
+        open_ledger(url)
 
     init_store(url)
 
     store = RawStore(url, "sqlite")
     assert versions(store) == expected_versions(store)
-    assert _sqlite_schema(path) - schema_before == {("table", "baton_migrations")}
+    assert _sqlite_schema(path) - schema_before == {
+        ("table", "baton_migrations"),
+        ("table", "baton_store"),
+        ("trigger", "baton_store_no_update"),
+        ("trigger", "baton_store_no_delete"),
+    }
+    _identity_is_one_row_kept_as_it_is(store)
     _old_runs_verify_and_a_new_run_appends(url)
 
 
@@ -120,23 +129,45 @@ def _sqlite_schema(path: Path) -> set[tuple[str, str]]:
 def test_an_old_postgres_store_is_refused_until_init_upgrades_it(store_url: str) -> None:
     """Given a PostgreSQL store in the schema of c914c1b (no version table, notification ids stamped from
     transaction ids, its own baton_append) holding the fixture's runs, when a ledger opens it, then it is
-    told to run init; after init, versions 0-3 are recorded, the old append functions are gone, the old
-    events keep their ids, and new events get larger ones, in order."""
+    told to run init; after init, versions 0-4 are recorded, the old append functions are gone, the store
+    has its identity, the old events keep their ids, and new events get larger ones, in order."""
     store = RawStore(store_url, "postgres")
     _old_postgres_store(store)
     old_ids = [row[0] for row in store.query("SELECT notification_id FROM batonledger_events ORDER BY 1")]
 
-    with pytest.raises(SchemaNotReady, match="version 1, this Baton needs 3"):
+    with pytest.raises(SchemaNotReady, match="version 1, this Baton needs 4"):
         open_ledger(store_url)
     init_store(store_url)
 
     assert versions(store) == expected_versions(store)
+    _identity_is_one_row_kept_as_it_is(store)
     assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_append'") == [(0,)]
     assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_fence'") == [(1,)]
     assert store.query("SELECT count(*) FROM pg_proc WHERE proname = 'baton_append_events'") == [(1,)]
     _old_runs_verify_and_a_new_run_appends(store_url)
     ids = [row[0] for row in store.query("SELECT notification_id FROM batonledger_events ORDER BY 1")]
     assert ids[: len(old_ids)] == old_ids and min(ids[len(old_ids) :]) > max(old_ids)
+
+
+def test_a_store_gets_one_identity_and_keeps_it(store: RawStore) -> None:
+    """Given an initialised store, then it has one identity whose id is its public key's; when init runs
+    again, then the identity is the same; an UPDATE or DELETE of it is refused."""
+    ((store_id, public_key),) = store.query("SELECT store_id, public_key FROM baton_store")
+    raw = base64.b64decode(public_key.removeprefix("ed25519:"))
+    assert (len(raw), store_id) == (32, store_id_of(raw))
+
+    init_store(store.url)
+
+    assert store_identity(store.url).public_key == public_key
+    _identity_is_one_row_kept_as_it_is(store)
+
+
+def _identity_is_one_row_kept_as_it_is(store: RawStore) -> None:
+    ((count,),) = store.query("SELECT count(*) FROM baton_store")
+    assert count == 1
+    for statement in ("UPDATE baton_store SET public_key = 'x'", "DELETE FROM baton_store"):
+        with pytest.raises(Exception, match="append-only"):
+            store.execute(statement)
 
 
 def _old_postgres_store(store: RawStore) -> None:

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
+import msgspec
 import pytest
 
 from baton.domain import errors
@@ -24,6 +25,7 @@ from baton.domain.commands import (
     RecordIntent,
     RecordObservation,
     RecordTransition,
+    ResumeFrom,
     Submission,
 )
 from baton.domain.decide import context_digest, decide, envelope_epoch
@@ -128,10 +130,17 @@ class History:
             f"sub-{next(self._ids)}", self.state.run_id, worker, command, self.state.epoch if epoch is None else epoch
         )
 
-    def record(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> list[RecordedEvent]:
-        """Decide, seal and apply one submission, exactly as the ledger does; it must be accepted."""
+    def record(
+        self, command: Command, *, worker: str = W1, epoch: int | None = None, alongside: bool = False
+    ) -> list[RecordedEvent]:
+        """Decide, seal and apply one submission, exactly as the ledger does; it must be accepted.
+
+        ``alongside``: decided as releases before run discipline did, which let an intent start while
+        others were open; their logs hold such runs, and the projections must still read them.
+        """
         submission = self.submission(command, worker=worker, epoch=epoch)
-        bodies = decide(self.state, submission, self.now)
+        judged = msgspec.structs.replace(self.state, operations={}) if alongside else self.state
+        bodies = decide(judged, submission, self.now)
         epoch = envelope_epoch(self.state, submission, bodies)
         recorded = seal(
             self.state.run_id, self.state.version, self.state.head_digest, submission, epoch, bodies, self.now
@@ -149,12 +158,21 @@ class History:
         self.record(open_run(ceilings))
         return self
 
-    def leased(self, worker: str = W1, ttl_ms: int = 30_000) -> History:
+    def leased(self, worker: str = W1, ttl_ms: int = 30_000, *, replayed: bool = True) -> History:
+        """``worker`` takes the lease; taking it over, it has replayed the prefix unless told otherwise."""
         self.record(AcquireLease(placement(worker), ttl_ms), worker=worker)
+        if replayed and self.state.replay_required and self.state.pending_handoff is None:
+            self.resumed(worker)
         return self
 
-    def intended(self, op_id: str, kind: Kind = "effect", worker: str = W1) -> History:
-        self.record(intent(op_id, kind), worker=worker)
+    def resumed(self, worker: str = W1) -> History:
+        """``worker`` says it replayed the prefix the ledger holds (``resume_from``)."""
+        self.record(ResumeFrom(self.state.prefix_position, self.state.prefix_digest), worker=worker)
+        return self
+
+    def intended(self, op_id: str, kind: Kind = "effect", worker: str = W1, *, alongside: bool = False) -> History:
+        """``worker`` records the intent of ``op_id``; ``alongside`` others still open (``record``)."""
+        self.record(intent(op_id, kind), worker=worker, alongside=alongside)
         return self
 
     def observed(self, op_id: str, worker: str = W1) -> History:
@@ -170,18 +188,26 @@ class History:
         return self
 
     # -- when / then ----------------------------------------------------------------------------
-    def when(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> list[Event]:
-        """The events ``command`` would produce now; checks that deciding left the state alone."""
+    def when(
+        self, command: Command, *, worker: str = W1, epoch: int | None = None, holder_gone: bool = False
+    ) -> list[Event]:
+        """The events ``command`` would produce now; checks that deciding left the state alone.
+
+        ``holder_gone``: the store has seen the lease holder's liveness session end."""
         before = copy.deepcopy(self.state)
-        events = decide(self.state, self.submission(command, worker=worker, epoch=epoch), self.now)
+        submission = self.submission(command, worker=worker, epoch=epoch)
+        events = decide(self.state, submission, self.now, holder_gone=holder_gone)
         assert self.state == before, "decide must not mutate the state it judges"
         return events
 
-    def rejects(self, command: Command, *, worker: str = W1, epoch: int | None = None) -> errors.Rejection:
+    def rejects(
+        self, command: Command, *, worker: str = W1, epoch: int | None = None, holder_gone: bool = False
+    ) -> errors.Rejection:
         """The rejection ``command`` gets now; checks that the state is exactly as before."""
         before = copy.deepcopy(self.state)
+        submission = self.submission(command, worker=worker, epoch=epoch)
         with pytest.raises(errors.Rejection) as caught:
-            decide(self.state, self.submission(command, worker=worker, epoch=epoch), self.now)
+            decide(self.state, submission, self.now, holder_gone=holder_gone)
         assert self.state == before, "a rejected submission must leave the state unchanged"
         return caught.value
 

@@ -8,7 +8,6 @@ import pytest
 
 from baton.domain.authority import gate
 from baton.domain.commands import (
-    AcquireLease,
     DenyApproval,
     GrantApproval,
     GrantAuthority,
@@ -18,7 +17,7 @@ from baton.domain.commands import (
 )
 from baton.domain.events import AuthorityGranted, IntentContext, PolicySet, RunOpened, RunPolicy
 
-from .given import W1, W2, History, given, intent, open_run, placement, seconds
+from .given import W1, W2, History, given, intent, open_run, seconds
 
 OPERATOR = "operator"
 VERIFIER = "ci"
@@ -57,7 +56,7 @@ def test_an_effect_naming_a_grant_needs_it_live_for_the_submitter_at_this_epoch(
     deploy = RecordIntent("d", "effect", "deploy@1", IntentContext(1, "deploy", authorization="g1"), "k")
     assert history.when(deploy)  # accepted while the grant is live
 
-    history.advance(seconds(31)).record(AcquireLease(placement(W2)), worker=W2)
+    history.advance(seconds(31)).leased(W2)
 
     assert history.state.grants == {}
     assert history.rejects(deploy, worker=W2).reason == "authority_missing"
@@ -176,7 +175,7 @@ def test_approvals_are_artifact_bound_unless_the_policy_binds_them_to_the_epoch(
         history = under_policy(msgspec.structs.replace(POLICY, approvals=approvals))
         history.record(RecordEvidence("V", P, WORKSPACE, "rel-1", "pass"), worker=VERIFIER)
         history.record(GrantApproval("a-1", P), worker=OPERATOR)
-        history.advance(seconds(31)).record(AcquireLease(placement(W2)), worker=W2)
+        history.advance(seconds(31)).leased(W2)
 
         if expected is None:
             assert history.when(committing(), worker=W2)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from baton.domain import errors
 from baton.domain.budgets import COUNTERS, Ceilings, Usage
-from baton.domain.commands import AcceptHandoff, RecordIntent
-from baton.domain.decide import decide
+from baton.domain.commands import AcceptHandoff, RecordIntent, RecordObservation
+from baton.domain.decide import context_digest, decide
 from baton.domain.handoff_document import document_digest, encode_document, local_allowance
 
 from .given import History, context, given
@@ -63,13 +63,15 @@ def test_an_imported_run_spends_only_its_ceilings_minus_what_it_carried(
 
     spent = Usage()
     for index, size in enumerate(sizes):
-        command = RecordIntent(f"op-{index}", "pure", "tools.search@1", context(f"op-{index}", {"q": "x" * size}), "k")
+        intended = context(f"op-{index}", {"q": "x" * size})
+        command = RecordIntent(f"op-{index}", "pure", "tools.search@1", intended, f"k-{index}")
         # the charge the intent would carry, decided where nothing is bounded
         unbounded = msgspec.structs.replace(history.state, ceilings=Ceilings())
         charge = decide(unbounded, history.submission(command, worker="w-b"), history.now)[0].charge  # type: ignore[attr-defined]
         before = history.state.usage
         if within(before.plus(charge), ceilings):
             history.record(command, worker="w-b")
+            history.record(RecordObservation(f"op-{index}", context_digest(intended), "ok"), worker="w-b")
             spent = spent.plus(charge)
         else:
             assert history.rejects(command, worker="w-b").reason == "budget_exceeded"

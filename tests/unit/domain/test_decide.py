@@ -63,6 +63,7 @@ from .given import (
     W1,
     W2,
     W3,
+    History,
     Kind,
     context,
     given,
@@ -128,6 +129,9 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "ReplayIncomplete": "replay_incomplete",
         "PayloadTooLarge": "payload_too_large",
         "SubmissionConflict": "submission_conflict",
+        "IdempotencyKeyReused": "idempotency_key_reused",
+        "ReplayRequired": "replay_required",
+        "PrefixMismatch": "prefix_mismatch",
         "NoncanonicalDocument": "noncanonical_document",
         "DocumentTooLarge": "document_too_large",
         "HandoffDigestMismatch": "digest_mismatch",
@@ -428,6 +432,74 @@ def test_expire_lease_at_the_expiry_by_any_worker_records_lease_expired() -> Non
 
 
 # --------------------------------------------------------------------------------------------------
+# Lease liveness: a lease that declared a session ends early once the store sees the session gone
+# --------------------------------------------------------------------------------------------------
+SESSION = "pg:1767225600000000:4242:1767225600123456"
+
+
+def with_session_lease(worker: str = W1) -> History:
+    history = given().opened()
+    history.record(AcquireLease(placement(worker), session=SESSION), worker=worker)
+    return history
+
+
+def test_acquire_declaring_a_session_records_it_in_the_grant() -> None:
+    """The grant carries the holder's session, which the store checks when someone wants the lease."""
+    events = given().opened().when(AcquireLease(placement(W1), session=SESSION), worker=W1)
+
+    assert events == [LeaseGranted(W1, 1, placement(W1), T0 + TTL_US, SESSION)]
+
+
+def test_acquire_of_a_live_lease_whose_session_the_store_saw_end_takes_it_over_at_the_next_epoch() -> None:
+    """Given a live lease with a session, when the store says the holder is gone, then LeaseExpired(session_gone)
+    and a grant at epoch + 1, before the ttl."""
+    history = with_session_lease(W1).advance(seconds(1))
+
+    events = history.when(AcquireLease(placement(W2)), worker=W2, holder_gone=True)
+
+    now = T0 + seconds(1)
+    assert events == [LeaseExpired(W1, 1, now, session_gone=True), LeaseGranted(W2, 2, placement(W2), now + TTL_US)]
+
+
+def test_acquire_of_a_live_lease_with_a_session_the_store_did_not_see_end_is_lease_held() -> None:
+    """Without the store's word, a session changes nothing: the lease lasts its ttl."""
+    history = with_session_lease(W1).advance(TTL_US - 1)
+
+    assert history.rejects(AcquireLease(placement(W2)), worker=W2).reason == "lease_held"
+
+
+def test_acquire_of_a_live_lease_without_a_session_is_lease_held_even_if_the_holder_is_said_gone() -> None:
+    """A lease that declared no session can only end by its ttl (or a release)."""
+    history = given().opened().leased(W1)
+
+    assert history.rejects(AcquireLease(placement(W2)), worker=W2, holder_gone=True).reason == "lease_held"
+
+
+def test_expire_lease_of_a_live_lease_whose_session_ended_records_session_gone() -> None:
+    """Any worker may record the early end; the epoch does not move until someone acquires."""
+    history = with_session_lease(W1)
+
+    assert history.when(ExpireLease(), worker=W3, epoch=0, holder_gone=True) == [
+        LeaseExpired(W1, 1, T0, session_gone=True)
+    ]
+    assert history.rejects(ExpireLease(), worker=W3, epoch=0).reason == "lease_held"  # without the store's word
+
+
+def test_expiry_past_the_ttl_is_not_marked_session_gone() -> None:
+    """Past its ttl a lease simply expired, whatever its session: session_gone means early."""
+    history = with_session_lease(W1).advance(TTL_US)
+
+    assert history.when(AcquireLease(placement(W2)), worker=W2, holder_gone=True)[0] == LeaseExpired(W1, 1, T0 + TTL_US)
+
+
+def test_session_gone_changes_nothing_for_the_holders_own_appends() -> None:
+    """Liveness is asked only by takeovers: the holder's fenced commands are judged as before."""
+    history = with_session_lease(W1)
+
+    assert history.when(RenewLease(), holder_gone=True) == [LeaseRenewed(W1, 1, T0 + TTL_US)]
+
+
+# --------------------------------------------------------------------------------------------------
 # Fencing: stale_epoch and lease_expired
 # --------------------------------------------------------------------------------------------------
 
@@ -541,25 +613,56 @@ def test_new_effect_while_an_earlier_epochs_intent_is_uncertain_is_uncertain_int
     assert history.rejects(intent("op-2", kind="effect"), worker=W2).reason == "uncertain_intent"
 
 
-def test_pure_intent_is_allowed_while_an_earlier_epochs_intent_is_uncertain() -> None:
-    """A pure operation has no external effect, so an uncertain predecessor does not block it."""
-    history = given().opened().leased(W1).intended("op-1").advance(TTL_US)
-    history.record(AcquireLease(placement(W2)), worker=W2)
+def test_pure_intent_while_an_earlier_epochs_intent_is_uncertain_is_uncertain_intent() -> None:
+    """Uncertainty stops the run: a pure operation waits for the reconciliation too."""
+    history = given().opened().leased(W1).intended("op-1").advance(TTL_US).leased(W2)
 
-    assert single(history.when(intent("op-2", kind="pure"), worker=W2), IntentRecorded).op_id == "op-2"
+    assert history.rejects(intent("op-2", kind="pure"), worker=W2).reason == "uncertain_intent"
 
 
-def test_new_effect_while_a_same_epoch_intent_is_uncertain_is_allowed() -> None:
-    """Within one epoch the holder knows its own in-flight effects; only older epochs block."""
+def test_a_new_intent_while_one_is_in_flight_is_uncertain_intent() -> None:
+    """Until an intent's outcome is recorded, the holder may only observe it: effects run one at a time."""
     history = given().opened().leased(W1).intended("op-1")
 
-    assert single(history.when(intent("op-2")), IntentRecorded).op_id == "op-2"
+    assert history.rejects(intent("op-2")).reason == "uncertain_intent"
+    assert single(history.when(observation("op-1")), ObservationRecorded).op_id == "op-1"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ReserveStage("s-1", 5),
+        RecordTransition(Stage.CANDIDATE_READY, "sha256:cand"),
+        SealCheckpoint("ckpt-1", "sha256:state"),
+        CompleteRun("done"),
+    ],
+    ids=lambda c: type(c).__name__,
+)
+def test_while_an_intent_is_uncertain_no_stage_transition_checkpoint_or_completion_is_accepted(
+    command: Command,
+) -> None:
+    """Given an intent without outcome, when the holder tries anything but settling it or lease upkeep,
+    then it is refused uncertain_intent and nothing changes."""
+    history = given().opened().leased(W1).intended("op-1")
+
+    assert history.rejects(command).reason == "uncertain_intent"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [RenewLease(), ReleaseLease(), FailRun("gave_up"), ReconcileIntent("op-1", "abandoned", "operator call")],
+    ids=lambda c: type(c).__name__,
+)
+def test_while_an_intent_is_uncertain_lease_upkeep_reconciliation_and_failing_are_accepted(command: Command) -> None:
+    """Given an intent without outcome, the holder may still keep or give up its lease, fail, or reconcile."""
+    history = given().opened().leased(W1).intended("op-1")
+
+    assert history.when(command)
 
 
 def test_new_effect_after_reconciling_the_older_intent_is_allowed() -> None:
     """Reconciling the old epoch's uncertain intent unblocks new effects."""
-    history = given().opened().leased(W1).intended("op-1").advance(TTL_US)
-    history.record(AcquireLease(placement(W2)), worker=W2)
+    history = given().opened().leased(W1).intended("op-1").advance(TTL_US).leased(W2)
     history.record(ReconcileIntent("op-1", "not_applied", "host has no record of idem-op-1"), worker=W2)
 
     assert single(history.when(intent("op-2"), worker=W2), IntentRecorded).op_id == "op-2"
@@ -593,7 +696,7 @@ def test_intent_with_arguments_that_have_no_canonical_form_is_malformed(argument
 
 def test_intent_past_the_calls_ceiling_is_budget_exceeded() -> None:
     """With a ceiling of one call, the second intent is rejected whole."""
-    history = given().opened(Ceilings(calls=1)).leased(W1).intended("op-1")
+    history = given().opened(Ceilings(calls=1)).leased(W1).intended("op-1").observed("op-1")
 
     assert history.rejects(intent("op-2")).reason == "budget_exceeded"
     assert history.state.usage.calls == 1
@@ -653,11 +756,11 @@ def test_failed_observation_with_a_reason_settles_the_intent_as_failed() -> None
 def test_observation_charges_the_larger_of_reported_and_measured_result_bytes() -> None:
     """A blob ref's size counts as result bytes, and a larger reported figure wins."""
     ref = BlobRef("sha256:" + "b" * 64, 5_000)
-    history = given().opened().leased(W1).intended("op-1").intended("op-2")
+    history = given().opened().leased(W1).intended("op-1")
 
     by_ref_events = history.when(observation("op-1", result_ref=ref, usage=Usage(result_bytes=10)))
     by_ref = single(by_ref_events, ObservationRecorded)
-    by_report = single(history.when(observation("op-2", usage=Usage(result_bytes=9_000))), ObservationRecorded)
+    by_report = single(history.when(observation("op-1", usage=Usage(result_bytes=9_000))), ObservationRecorded)
 
     assert by_ref.charge == Usage(result_bytes=5_000)
     assert by_report.charge == Usage(result_bytes=9_000)
@@ -754,8 +857,9 @@ def test_observation_past_the_fuel_ceiling_is_budget_exceeded() -> None:
 
 def test_observation_whose_fuel_would_pass_bigint_is_counter_overflow() -> None:
     """Usage counters use checked arithmetic: passing 2**63-1 is counter_overflow, never a wrap."""
-    history = given().opened().leased(W1).intended("op-1").intended("op-2")
+    history = given().opened().leased(W1).intended("op-1")
     history.record(observation("op-1", usage=Usage(fuel=MAX_COUNTER)))
+    history.intended("op-2")
 
     assert history.rejects(observation("op-2", usage=Usage(fuel=1))).reason == "counter_overflow"
     assert history.state.usage.fuel == MAX_COUNTER
@@ -775,7 +879,7 @@ def test_reconcile_after_takeover_records_the_resolution_and_settles_the_intent(
     events = history.when(command, worker=W2)
 
     expected_charge = Usage(result_bytes=stored_size({"id": 3}), fuel=4)
-    assert events == [IntentReconciled("op-1", "applied", "host log #7", expected_charge, {"id": 3}, None)]
+    assert events == [IntentReconciled("op-1", "applied", "host log #7", expected_charge, {"id": 3}, None, W2)]
     history.record(command, worker=W2)
     assert history.state.operations == {}
     assert intended_ops(history.state) == {"op-1"}
@@ -816,23 +920,23 @@ def test_reconcile_past_the_fuel_ceiling_is_budget_exceeded() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def test_forward_transition_records_both_stages_and_charges_one_stage() -> None:
-    """A legal forward move records from/to stages and the state digest, charged one stage."""
+def test_forward_transition_records_both_stages_and_charges_nothing() -> None:
+    """A legal forward move records from/to stages and the state digest; stages are counted when reserved."""
     ref = BlobRef("sha256:" + "c" * 64, 10)
     history = given().opened().leased(W1)
 
     events = history.when(RecordTransition(Stage.CANDIDATE_READY, "sha256:cand", ref))
 
-    assert events == [TransitionRecorded(Stage.GENERATING, Stage.CANDIDATE_READY, "sha256:cand", Usage(stages=1), ref)]
+    assert events == [TransitionRecorded(Stage.GENERATING, Stage.CANDIDATE_READY, "sha256:cand", Usage(), ref)]
 
 
 def test_rework_to_generating_also_charges_one_iteration() -> None:
-    """Sending a candidate back to GENERATING costs a stage and an iteration."""
+    """Sending a candidate back to GENERATING costs an iteration."""
     history = given().opened().leased(W1).moved_to(Stage.VERIFIED)
 
     event = single(history.when(RecordTransition(Stage.GENERATING, "sha256:redo")), TransitionRecorded)
 
-    assert event.charge == Usage(stages=1, iterations=1)
+    assert event.charge == Usage(iterations=1)
 
 
 def test_skipping_a_stage_is_illegal_transition() -> None:
@@ -849,11 +953,14 @@ def test_rework_after_committing_started_is_illegal_transition() -> None:
     assert history.rejects(RecordTransition(Stage.GENERATING, "sha256:x")).reason == "illegal_transition"
 
 
-def test_transition_past_the_stages_ceiling_is_budget_exceeded() -> None:
-    """The stages ceiling bounds how many boundaries a run may pass."""
-    history = given().opened(Ceilings(stages=2)).leased(W1).moved_to(Stage.VERIFYING)
+def test_a_stage_reservation_past_the_stages_ceiling_is_budget_exceeded() -> None:
+    """The stages ceiling bounds how many stages a run may reserve, replayed ones included."""
+    history = given().opened(Ceilings(stages=2)).leased(W1)
+    history.record(ReserveStage("plan", 0))
+    history.record(ReserveStage("plan", 0))
 
-    assert history.rejects(RecordTransition(Stage.VERIFIED, "sha256:x")).reason == "budget_exceeded"
+    assert history.rejects(ReserveStage("act", 0)).reason == "budget_exceeded"
+    assert history.state.usage.stages == 2
 
 
 def test_rework_past_the_iterations_ceiling_is_budget_exceeded() -> None:
@@ -965,7 +1072,7 @@ def test_reserve_stage_records_the_reservation_and_charges_reserved_fuel() -> No
 
     events = history.when(ReserveStage("verify-1", 250))
 
-    assert events == [StageReserved("verify-1", 250, Usage(reserved_fuel=250))]
+    assert events == [StageReserved("verify-1", 250, Usage(stages=1, reserved_fuel=250))]
 
 
 def test_a_replayed_stage_reserves_again_and_nothing_is_refunded() -> None:

@@ -249,7 +249,7 @@ def test_an_earlier_epochs_intent_is_reconciled_not_observed() -> None:
     forge(history, intent_body("op-2"), worker=W2)
     forge(history, ObservationRecorded("op-1", ctx_digest, "ok", Usage()), worker=W2)
     problems = found(audit_events(RUN, history.log))
-    assert problems == {(6, "uncertain_intent"), (7, "reconciliation_required")}
+    assert problems == {(7, "uncertain_intent"), (8, "reconciliation_required")}  # 6: W2's resume_from
 
 
 def test_duplicate_intents_and_a_context_digest_that_is_not_the_contexts() -> None:
@@ -277,7 +277,7 @@ def test_strings_that_need_escaping_audit_clean_and_a_changed_byte_among_them_is
     then clean; when one of their bytes changes, then digest_mismatch (and its context's) at that position."""
     history = leased()
     for index, text in enumerate(['say "hi"', "C:\\temp", "line\nbreak", "é \U0001f600", "plain"]):
-        history.record(intent(f"op-{index}", "pure", arguments={"cmd": text}))
+        history.record(intent(f"op-{index}", "pure", arguments={"cmd": text}), alongside=True)
     raw = encode(history.log)
     assert audit_stored(RUN, raw) == []
     assert b"\\\\temp" in raw[3]

@@ -149,6 +149,7 @@ def test_an_in_store_handoff_audits_clean() -> None:
     kinds = [e.type for e in history.log[-3:]]
     assert kinds == ["HandoffPrepared", "LeaseGranted", "HandoffAccepted"]
     assert history.log[-2].epoch == 1 and history.log[-2].worker == W1  # the source wrote the lease move
+    history.resumed(W2)
     sealed(history, worker=W2)
     history.moved_to(Stage.CANDIDATE_READY, worker=W2)
 
@@ -165,7 +166,7 @@ def test_an_imported_run_and_its_next_handoff_audit_clean() -> None:
     sealed(target, worker=W2)
     data, digest = prepared(target, W3)
     target.record(AcceptHandoff(data, digest), worker=W3)
-    target.intended("op-3", worker=W3)
+    target.resumed(W3).intended("op-3", worker=W3)
 
     assert audited(source.log) == set()
     assert audited(target.log) == set()
@@ -178,12 +179,14 @@ def test_an_aborted_handoff_and_an_acceptance_after_retaking_the_lease_audit_cle
     data, digest = prepared(late)
     late.advance(seconds(31)).leased(W2)
     late.record(AcceptHandoff(data, digest), worker=W2)
+    late.resumed(W2)
     assert late.state.epoch == 3
 
     aborted = sealed()
     prepared(aborted)
     aborted.advance(seconds(31)).leased(W3)
     aborted.record(AbortHandoff("the destination never came"), worker=W3)
+    aborted.resumed(W3)
     aborted.intended("op-after-abort", worker=W3)
 
     assert audited(late.log) == set()

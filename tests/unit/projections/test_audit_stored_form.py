@@ -223,7 +223,7 @@ def test_strings_that_need_escaping_audit_clean() -> None:
     characters), when its stored form is audited, then no problem: each digest and each context digest holds."""
     h = given().opened().leased(W1)
     for index, text in enumerate(["plain", 'say "hi"', "back\\slash", "tab\there", "é \U0001f600", "\x00", "plain"]):
-        h.record(intent(f"op-{index}", "pure", arguments={text: [text, index % 2]}))
+        h.record(intent(f"op-{index}", "pure", arguments={text: [text, index % 2]}), alongside=True)
 
     assert audit_stored(RUN, [stored_bytes(event) for event in h.log]) == []
 

@@ -73,7 +73,8 @@ def test_prefix_of_an_empty_or_effect_free_run_is_empty() -> None:
 
 def test_prefix_lists_settled_operations_in_intent_order_not_outcome_order() -> None:
     """Two intents observed in reverse order still replay in the order they were intended."""
-    history = given().opened().leased(W1).intended("op-a").intended("op-b").observed("op-b").observed("op-a")
+    history = given().opened().leased(W1).intended("op-a").intended("op-b", alongside=True)
+    history.observed("op-b").observed("op-a")
 
     prefix = replay_prefix(history.log)
 
@@ -85,7 +86,7 @@ def test_prefix_lists_settled_operations_in_intent_order_not_outcome_order() -> 
 def test_prefix_ends_at_the_first_uncertain_intent_even_if_later_ones_are_settled() -> None:
     """Settled operations after the first uncertain intent are not part of the prefix."""
     history = settled(given().opened().leased(W1), "op-1").intended("op-2")
-    settled(history, "op-3")
+    history.intended("op-3", alongside=True).observed("op-3")
 
     prefix = replay_prefix(history.log)
 
@@ -95,8 +96,8 @@ def test_prefix_ends_at_the_first_uncertain_intent_even_if_later_ones_are_settle
 
 def test_every_uncertain_intent_is_listed_in_intent_order_with_its_position_and_kind() -> None:
     """Effect and pure intents without an outcome are all listed, in intent order."""
-    history = given().opened().leased(W1).intended("op-1", "pure").intended("op-2").observed("op-2")
-    history.intended("op-3")
+    history = given().opened().leased(W1).intended("op-1", "pure").intended("op-2", alongside=True).observed("op-2")
+    history.intended("op-3", alongside=True)
 
     prefix = replay_prefix(history.log)
 

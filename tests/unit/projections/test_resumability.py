@@ -101,7 +101,7 @@ def test_r5_effect_whose_observation_was_lost() -> None:
 
 def test_r5_lists_every_uncertain_effect() -> None:
     """Each uncertain effect gets its own reason, in intent order."""
-    history = given().opened().leased(W1).intended("op-1").intended("op-2")
+    history = given().opened().leased(W1).intended("op-1").intended("op-2", alongside=True)
 
     result = judged(history, placement(W1))
 
@@ -230,7 +230,7 @@ def test_r3_beats_r1() -> None:
 
 def test_r5_beats_r1_when_effect_and_pure_intents_are_both_uncertain() -> None:
     """An uncertain effect outranks an uncertain pure intent; both are reported."""
-    history = given().opened().leased(W1).intended("op-1", "pure").intended("op-2")
+    history = given().opened().leased(W1).intended("op-1", "pure").intended("op-2", alongside=True)
 
     result = judged(history, placement(W1))
 
