@@ -34,6 +34,7 @@ __all__ = [
     "accept",
     "build_document",
     "gate",
+    "gate_key",
     "prepare",
     "status",
     "submit_prepare",
@@ -169,6 +170,12 @@ def _signed(submission: Submission, key: SigningKey | None) -> Submission:
 def gate(ledger: RunLedger, run_id: str, worker: str, epoch: int, op_id: str) -> GateDecision:
     """The mutation gateway: may ``worker`` at ``epoch`` perform ``op_id`` now (by the store's clock)?"""
     return authority.gate(ledger.state(run_id), worker, epoch, op_id, ledger.clock.now())
+
+
+def gate_key(ledger: RunLedger, run_id: str, worker: str, epoch: int, key: str) -> GateDecision:
+    """The mutation gateway asked by idempotency key: may ``worker`` at ``epoch`` perform the
+    operation whose intent gave the external system ``key``?"""
+    return authority.gate_key(ledger.state(run_id), worker, epoch, key, ledger.clock.now())
 
 
 def status(ledger: RunLedger, run_id: str) -> HandoffStatus:

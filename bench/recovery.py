@@ -28,6 +28,7 @@ Rounds rotate the order of the contenders; reported are the medians. Goal: LangG
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -93,7 +94,7 @@ def baton_job(job: Job) -> dict[str, Any]:
         worker.resume(job.ident)  # a fresh cursor: the prefix now includes the reconciled step
     for i in range(1, job.steps + 1):
         context = baton.IntentContext(i, "tool", effect="read", arguments={"i": i})
-        worker.step(job.ident, f"op-{i}", "tool@1", context, lambda i=i: job.invoke(i))
+        worker.step(job.ident, f"op-{i}", "tool@1", context, functools.partial(job.invoke, i))
     report["done"] = time.monotonic()
     history = list(ledger.history(job.ident))
     report["intent_reconciled"] = sum(isinstance(e.body, IntentReconciled) for e in history)
@@ -144,7 +145,7 @@ def langgraph_job(job: Job) -> dict[str, Any]:
 
     ready = time.monotonic()
     connection = Connection.connect(job.url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-    saver = PostgresSaver(connection)  # type: ignore[arg-type]
+    saver = PostgresSaver(connection)
     if job.first:
         saver.setup()
 
@@ -170,7 +171,7 @@ def dbos_job(job: Job) -> dict[str, Any]:
     from dbos import DBOS, DBOSConfig, SetWorkflowID
 
     ready = time.monotonic()
-    DBOS(config=DBOSConfig(name="bench-recovery", system_database_url=job.url, run_admin_server=False))
+    DBOS(config=DBOSConfig(name="bench-recovery", system_database_url=job.url))
     finished, marks = threading.Event(), dict[str, float]()
 
     @DBOS.step()
@@ -259,11 +260,12 @@ def main() -> int:
     info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     def median(name: str, key: str) -> float:
-        return statistics.median(result[key] for result in rounds[name])
+        return float(statistics.median(result[key] for result in rounds[name]))
 
     print("| | " + " | ".join(f"{k}: {v}" for k, v in info.items()) + " |\n")
     print(f"{args.steps} steps, killed inside step {args.kill_at}, {args.rounds} rounds, medians\n")
-    print("| contender | recovery s | start-up s | after start-up s | invocations | step K ran | / baton |")
+    columns = f"recovery s | start-up s | after start-up s | invocations | step {args.kill_at} ran | / baton"
+    print(f"| contender | {columns} |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     summary: dict[str, dict[str, float]] = {}
     for name in JOBS:
@@ -276,8 +278,9 @@ def main() -> int:
             f"| {name} | {seconds:.3f} | {startup:.3f} | {seconds - startup:.3f} "
             f"| {'/'.join(map(str, invocations))} | {'/'.join(map(str, runs))} | {ratio:.2f}x |"
         )
-    checks = [{k: result[k] for k in ("takeover_waits", "intent_reconciled", "audit_ok")} for result in rounds["baton"]]
-    print(f"\nbaton per round: {checks}")
+    for key in ("takeover_waits", "intent_reconciled", "audit_ok"):  # the takeover's refusals, then the checks
+        print(f"\nbaton {key} per round: {[result[key] for result in rounds['baton']]}", end="")
+    print()
     met = summary["langgraph"]["ratio"] >= 1 and all(r["invocations"] == args.steps for r in rounds["baton"])
     print(f"goal (LangGraph / Baton >= 1, Baton exactly {args.steps} invocations): {'met' if met else 'NOT met'}")
     if args.json:

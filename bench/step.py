@@ -1,6 +1,7 @@
 """One durable agent step (intent, a trivial tool, observation), Baton against its peers on one PostgreSQL.
 
     python bench/step.py [--steps N] [--rounds R] [--json FILE]
+    python bench/recovery.py      # the same step killed -9 mid-run, then recovered (issue 29; its own docstring)
 
 One embedded PostgreSQL (fsync on) serves every contender, each in its own database:
 

@@ -7,7 +7,8 @@
   (``context.proposal_digest``) needs an unexpired approval and passing verifier evidence for exactly
   that digest; evidence binds the workspace snapshot and environment it ran in, and a different
   binding needs verifying again.
-* ``gate`` answers an external system's question "may W at epoch E perform O now?".
+* ``gate`` answers an external system's question "may W at epoch E perform O now?"; ``gate_key``
+  the same question asked by the idempotency key the system was given.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from baton.domain.events import (
     IntentContext,
     RunPolicy,
 )
-from baton.domain.state import Approval, Evidence, Grant, RunState, intended
+from baton.domain.state import Approval, Evidence, Grant, RunState, intended, key_used
 
 __all__ = [
     "AuthorityView",
@@ -44,6 +45,7 @@ __all__ = [
     "approve",
     "deny",
     "gate",
+    "gate_key",
     "grant",
     "record_evidence",
     "require_authority",
@@ -199,12 +201,9 @@ def require_policy(state: AuthorityView, tool_contract: str, context: IntentCont
 def gate(state: RunState, worker: str, epoch: int, op_id: str, now: int) -> GateDecision:
     """May ``worker`` at ``epoch`` perform operation ``op_id`` now? Yes only for the current epoch's
     live lease, an intent already recorded and not yet settled, and authority still valid."""
-    lease = state.lease
-    if lease is None or (lease.worker, lease.epoch) != (worker, epoch):
-        detail = f"{worker!r} at epoch {epoch} does not hold the lease (epoch {state.epoch}, holder {state.holder!r})"
-        return GateDecision(False, "stale_epoch", detail)
-    if now >= lease.expires_at:
-        return GateDecision(False, "lease_expired", f"lease epoch {epoch} expired at {lease.expires_at}")
+    refused = _lease_refusal(state, worker, epoch, now)
+    if refused is not None:
+        return refused
     op = state.operations.get(op_id)
     if op is None:
         known = state.op_ids is not None and intended(state, op_id)
@@ -217,3 +216,35 @@ def gate(state: RunState, worker: str, epoch: int, op_id: str, now: int) -> Gate
         if live is None or (live.expires_at is not None and now >= live.expires_at):
             return GateDecision(False, "authority_missing", f"grant {op.authorization!r} is no longer live")
     return GateDecision(True, "allowed", f"{worker!r} may perform {op_id!r} at epoch {epoch}")
+
+
+def gate_key(state: RunState, worker: str, epoch: int, key: str, now: int) -> GateDecision:
+    """``gate`` asked by the idempotency key the external system sees rather than by op id: the open
+    intent holding ``key`` is gated as ``gate`` does; a key whose intent already has an outcome is
+    ``already_observed``; a key no intent holds (never used, or given back by a reconciliation that
+    found the effect not applied or abandoned it) is ``unknown_operation``."""
+    if not key:
+        return GateDecision(False, "malformed", "an idempotency key cannot be empty")
+    held = next((op for op in state.operations.values() if op.idempotency_key == key), None)
+    if held is not None:
+        return gate(state, worker, epoch, held.op_id, now)
+    refused = _lease_refusal(state, worker, epoch, now)
+    if refused is not None:
+        return refused
+    if state.used_keys is not None and key_used(state, key):
+        detail = f"idempotency key {key!r} was used by an intent that already has an outcome: do not perform it again"
+        return GateDecision(False, "already_observed", detail)
+    return GateDecision(
+        False, "unknown_operation", f"no open intent holds idempotency key {key!r}: record the intent first"
+    )
+
+
+def _lease_refusal(state: RunState, worker: str, epoch: int, now: int) -> GateDecision | None:
+    """The gate's answer when ``worker`` at ``epoch`` does not hold the live lease (else ``None``)."""
+    lease = state.lease
+    if lease is None or (lease.worker, lease.epoch) != (worker, epoch):
+        detail = f"{worker!r} at epoch {epoch} does not hold the lease (epoch {state.epoch}, holder {state.holder!r})"
+        return GateDecision(False, "stale_epoch", detail)
+    if now >= lease.expires_at:
+        return GateDecision(False, "lease_expired", f"lease epoch {epoch} expired at {lease.expires_at}")
+    return None

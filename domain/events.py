@@ -187,7 +187,9 @@ class IntentReconciled(_Event, tag=True, frozen=True):
     charge: Usage = Usage()
     result: Any = None
     result_ref: BlobRef | None = None
-    reconciled_by: str = ""  # the principal who looked (the submitter; empty in events before it was named)
+    # the principal who looked (the submitter); unset, and so not in the bytes, in events stored before
+    # it was named: an event's bytes never change
+    reconciled_by: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ResumedFrom(_Event, tag=True, frozen=True):

@@ -108,16 +108,25 @@ def status(run_id: str, store: str | None) -> int:
 @RUN_ID
 @click.option("--worker", required=True, help="the worker asking")
 @click.option("--epoch", required=True, type=int, help="the epoch the worker believes it holds")
-@click.option("--op", required=True, metavar="OP_ID", help="the operation it wants to perform")
+@click.option("--op", metavar="OP_ID", help="the operation it wants to perform")
+@click.option("--key", "idempotency_key", metavar="KEY", help="or: the idempotency key its intent gave the system")
 @json_option
 @store_option
-def gate(run_id: str, worker: str, epoch: int, op: str, as_json: bool, store: str | None) -> int:
-    """May worker W at epoch E perform operation O now?
+def gate(
+    run_id: str, worker: str, epoch: int, op: str | None, idempotency_key: str | None, as_json: bool, store: str | None
+) -> int:
+    """May worker W at epoch E perform operation O (or the one holding idempotency key K) now?
 
-    Exit 0 if allowed, 1 if denied.
+    Exactly one of --op and --key. Exit 0 if allowed, 1 if denied.
     """
+    if (op is None) == (idempotency_key is None):
+        raise click.UsageError("give exactly one of --op and --key")
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        decision = protocol.gate(ledger, run_id, worker, epoch, op)
+        if op is not None:
+            decision = protocol.gate(ledger, run_id, worker, epoch, op)
+        else:
+            assert idempotency_key is not None
+            decision = protocol.gate_key(ledger, run_id, worker, epoch, idempotency_key)
     if as_json:
         echo_json(decision)
     else:

@@ -18,7 +18,7 @@ from baton.domain.events import Placement, RecordedEvent
 from baton.domain.identity import REGISTRY_RUN
 from baton.domain.state import Lease
 from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
-from baton.projections.resumability import summary_of
+from baton.projections.resumability import resume_point, summary_of
 
 __all__ = ["COMMANDS", "history_record"]
 
@@ -178,6 +178,7 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
         summary = summary_of(fold)
         now = ledger.clock.now()
         verdict = classify(summary, placement, now)
+        point = resume_point(summary.state, placement.worker)
         checkpoint = fold.snapshot()
         replay_prefix = list(ledger.replay_steps(run_id, summary.prefix))
         lease_case = _lease_case(ledger, fold.run.lease, now)
@@ -194,6 +195,7 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
                 "replay_prefix": msgspec.to_builtins(replay_prefix),
                 "replay_after_position": summary.prefix.start,
                 "uncertain": msgspec.to_builtins(summary.prefix.uncertain),
+                "resume_from": msgspec.to_builtins(point),
                 "lease": lease_case,
             }
         )
@@ -204,6 +206,8 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
     click.echo(f"lease: {_lease_text(lease_case)}")
     click.echo(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
     click.echo(f"replay prefix: {summary.prefix.length} operations; uncertain: {len(summary.prefix.uncertain)}")
+    owed = "owed before new work" if point.required else "not owed"
+    click.echo(f"resume_from: position {point.position} digest {point.prefix_digest} ({owed})")
     return 0
 
 

@@ -68,9 +68,9 @@ def test_demo_runs_on_the_embedded_default_and_rejects_the_stale_worker(tmp_path
     run = runs[0]
     assert run["stage"] == "COMMITTED"
     assert run["epoch"] == 2
-    assert run["events"] == 22
+    assert run["events"] == 23
     history = lines(baton(tmp_path, "history", str(run["run_id"]), "--json").stdout)
-    assert [h["position"] for h in history] == list(range(1, 23))
+    assert [h["position"] for h in history] == list(range(1, 24))
     for earlier, later in itertools.pairwise(history):
         assert later["prev_digest"] == earlier["digest"]
     after_takeover = next(h["position"] for h in history if h["type"] == "LeaseGranted" and h["epoch"] == 2)
@@ -156,8 +156,14 @@ def test_resume_state_and_budgets_read_the_demo_run(tmp_path: Path) -> None:
     resumed = json.loads(baton(tmp_path, "resume", run_id, "--worker", "worker-c", "--json").stdout)
     assert resumed["resumability"]["class"] == "R0"
     assert resumed["checkpoint"]["checkpoint_hash"].startswith("sha256:")
-    assert resumed["checkpoint"]["position"] == 22
+    assert resumed["checkpoint"]["position"] == 23
     history = lines(baton(tmp_path, "history", run_id, "--json").stdout)
+    last_work = [event for event in history if event["type"] in {"TransitionRecorded", "ObservationRecorded"}][-1]
+    assert resumed["resume_from"] == {  # what worker-c would owe after taking the run over
+        "position": last_work["position"],
+        "prefix_digest": last_work["digest"],
+        "required": True,
+    }
     sealed = [event["position"] for event in history if event["type"] == "CheckpointSealed"]
     assert resumed["replay_after_position"] == sealed[-1]  # the prefix starts after the last sealed checkpoint
     intents_after = [e["position"] for e in history if e["type"] == "IntentRecorded" and e["position"] > sealed[-1]]

@@ -26,7 +26,7 @@ def in_process(*args: str) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory whose ./baton.db holds the demo's committed run (22 events)."""
+    """A directory whose ./baton.db holds the demo's committed run (23 events)."""
     directory = tmp_path_factory.mktemp("demo")
     result = baton(directory, "demo")
     assert result.returncode == 0, result.stderr
@@ -40,20 +40,20 @@ def run_id(demo_dir: Path) -> str:
 
 def test_audit_of_a_clean_store_exits_0_with_the_json_shape(demo_dir: Path, run_id: str) -> None:
     """Given the demo store, when `baton audit --all --json` runs, then ok with counts and no problems, exit 0:
-    the demo run's 22 events and the principal registry's 4 (opened, an operator, two workers)."""
+    the demo run's 23 events and the principal registry's 4 (opened, an operator, two workers)."""
     result = baton(demo_dir, "audit", "--all", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "ok": True,
         "runs_checked": 2,
-        "events_checked": 26,
+        "events_checked": 27,
         "problems": [],
         "identities_verified": True,
     }
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
     one = baton(demo_dir, "audit", run_id)
     assert one.returncode == 0
-    assert "audited 1 runs, 22 events: ok" in one.stdout
+    assert "audited 1 runs, 23 events: ok" in one.stdout
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
     every = [json.loads(line) for line in export.read_text().splitlines()]
     assert [row["run_id"] for row in every[:4]] == ["baton:registry"] * 4
     rows = every[4:]
-    assert [row["position"] for row in rows] == [str(n) for n in range(1, 23)]  # canonical: integers as strings
+    assert [row["position"] for row in rows] == [str(n) for n in range(1, 24)]  # canonical: integers as strings
     history = lines(baton(demo_dir, "history", run_id, "--json").stdout)
     assert [row["digest"] for row in rows] == [h["digest"] for h in history]
 
@@ -109,7 +109,7 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
     assert json.loads(verified) == {
         "ok": True,
         "runs_checked": 2,
-        "events_checked": 26,
+        "events_checked": 27,
         "problems": [],
         "identities_verified": True,  # every signature checked against the registry in the file
     }
@@ -140,7 +140,7 @@ def test_explain_tells_the_run_at_a_position(demo_dir: Path, run_id: str) -> Non
     assert "would be R5" in early.stdout  # reconcile first, and another worker must take a new epoch
     assert "audits clean" in early.stdout
     head = json.loads(in_process("explain", run_id, "--json", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[1])
-    assert head["position"] == 22
+    assert head["position"] == 23
     assert any("completed" in sentence and "R0" not in sentence for sentence in head["sentences"])
     assert any("R0" in sentence for sentence in head["sentences"])
     assert in_process("explain", "no-such-run", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[0] == 2
@@ -163,7 +163,7 @@ def test_progress_bar_with_rate_on_a_terminal_and_never_with_json(
         monkeypatch.setattr("sys.stderr", terminal)
         assert main(["audit", "--all", "--store", store, *extra]) == 0
         assert ("ev/s" in terminal.getvalue()) is drawn
-        assert "26/26 events" in terminal.getvalue() or not drawn  # the run's 22, the registry's 4
+        assert "27/27 events" in terminal.getvalue() or not drawn  # the run's 23, the registry's 4
     capsys.readouterr()
 
 
@@ -182,4 +182,4 @@ def test_a_forged_signature_in_an_export_is_found_offline(demo_dir: Path, run_id
     failed = baton(tmp_path, "verify-export", str(export), "--json")
 
     assert failed.returncode == 1
-    assert [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]] == [(22, "bad_signature")]
+    assert [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]] == [(23, "bad_signature")]

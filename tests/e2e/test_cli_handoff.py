@@ -7,6 +7,8 @@ from pathlib import Path
 
 from test_cli import baton, lines
 
+from baton.domain.decide import context_digest
+from baton.domain.events import IntentContext
 from baton.domain.handoff_document import state_digest_of
 
 STATE = {"goal": "fix the flaky retry", "candidates": [{"patch": "p1", "verdict": "pending"}]}
@@ -66,3 +68,46 @@ def test_export_then_import_moves_the_run_between_stores_exactly_once(tmp_path: 
     assert [h["type"] for h in history] == ["HandoffAccepted", "LeaseGranted"]
     assert json.loads(exported.stdout)["state"]["attempts"] == 1  # migrated once, at export
     assert baton(tmp_path, "verify", "r1", "--store", target).returncode == 0
+
+
+def test_gate_by_idempotency_key_from_a_shell(tmp_path: Path) -> None:
+    """Given w1 holds a run with an observed intent that gave the host key K0 and an open one with K1,
+    when `baton gate --key` is asked, then K1 is allowed (the same answer as --op), K0 is
+    already_observed, an unknown key unknown_operation, and both --op and --key (or neither) is a
+    usage error (exit 2)."""
+    store = f"sqlite:///{tmp_path / 'a.db'}"
+    write = {"turn": 1, "operation": "write", "effect": "write", "arguments": {"path": "a.py"}}
+    observed = context_digest(IntentContext(1, "write", effect="write", arguments={"path": "a.py"}))
+    commands = [
+        {"type": "open_run", "release_id": "rel-1", "schema_name": "s", "schema_version": 1,
+         "task_ref": {"digest": "sha256:" + "a" * 64, "size": 1}},
+        {"type": "acquire_lease", "placement": {"worker": "w1"}, "ttl_ms": 600000},
+        {"type": "record_intent", "op_id": "op-0", "kind": "effect", "tool_contract": "fs@1", "context": write,
+         "idempotency_key": "K0"},
+        {"type": "record_observation", "op_id": "op-0", "context_digest": observed, "outcome": "ok"},
+        {"type": "record_intent", "op_id": "op-1", "kind": "effect", "tool_contract": "fs@1", "context": write,
+         "idempotency_key": "K1"},
+    ]  # fmt: skip
+    submissions = [
+        {"submission_id": f"s{i}", "run_id": "r1", "worker": "w1", "command": command, "epoch": 0 if i < 2 else 1}
+        for i, command in enumerate(commands)
+    ]
+    assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
+    verdicts = lines(baton(tmp_path, "submit", "--store", store, stdin="\n".join(map(json.dumps, submissions))).stdout)
+    assert [v["verdict"] for v in verdicts] == ["accepted"] * 5, verdicts
+
+    def gate(*how: str) -> tuple[int, dict[str, object]]:
+        asked = baton(tmp_path, "gate", "r1", "--worker", "w1", "--epoch", "1", *how, "--json", "--store", store)
+        return asked.returncode, json.loads(asked.stdout)
+
+    by_key = gate("--key", "K1")
+    assert by_key == gate("--op", "op-1")
+    assert (by_key[0], by_key[1]["reason"]) == (0, "allowed")
+    used = gate("--key", "K0")
+    assert (used[0], used[1]["reason"]) == (1, "already_observed")
+    assert "K0" in str(used[1]["detail"])
+    assert gate("--key", "K9")[1]["reason"] == "unknown_operation"
+    asked = ("gate", "r1", "--worker", "w1", "--epoch", "1", "--store", store)
+    both, neither = baton(tmp_path, *asked, "--op", "op-1", "--key", "K1"), baton(tmp_path, *asked)
+    assert (both.returncode, neither.returncode) == (2, 2)
+    assert "exactly one of --op and --key" in both.stderr

@@ -33,6 +33,7 @@ from baton.domain.commands import (
     RecordIntent,
     RecordObservation,
     RecordTransition,
+    ResumeFrom,
     SealCheckpoint,
     Submission,
     Verdict,
@@ -41,7 +42,7 @@ from baton.domain.decide import context_digest
 from baton.domain.events import BlobRef, IntentContext, Placement, Role
 from baton.domain.stages import Stage
 from baton.projections.audit import audit_events
-from baton.projections.resumability import ResumabilityClass, classify, summary_of
+from baton.projections.resumability import ResumabilityClass, RunSummary, classify, resume_point, summary_of
 
 RUN = "fix-flaky-retry"
 P = "sha256:" + "aa" * 32  # hash of the patch
@@ -129,6 +130,20 @@ def verified_and_approved(holder: Worker, verifier: Worker, approver: Worker) ->
     approver.ok(GrantApproval("approval-1", P))
 
 
+def replayed(ledger: RunLedger, w2: Worker, summary: RunSummary) -> None:
+    """w2 replays the prefix (each recorded outcome comes back without calling the host), then says so."""
+    cursor = ledger.replay_cursor(RUN, summary.prefix)
+    for op_id, tool, context in [
+        ("patch", "editor@1", IntentContext(2, "write_patch", effect="write", proposal_digest="")),
+        ("tests", "pytest@1", IntentContext(3, "run_tests", effect="read", state_digest=W)),
+    ]:
+        step = cursor.offer(op_id, "effect", tool, context)
+        assert step is not None and step.result == {"ok": op_id}
+    cursor.require_new_effects_allowed()
+    point = resume_point(summary.state, "w2")  # what resume printed before w2 took the lease
+    w2.ok(ResumeFrom(point.position, point.prefix_digest))
+
+
 def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: RunLedger) -> None:
     """Given w1 lost before its approved commit, when w2 resumes, then P is committed once, by w2, with
     w2's own authority; w1's late commit and a commit of P' are refused and store nothing."""
@@ -154,14 +169,9 @@ def test_the_replacement_commits_exactly_once_and_nothing_else_moves(ledger: Run
     verdict = classify(summary, target, ledger.clock.now())
     assert verdict.cls is ResumabilityClass.R4 and summary.prefix.length == 2  # patch and tests replay
     w2.lease()
-    cursor = ledger.replay_cursor(RUN, summary.prefix)
-    for op_id, tool, context in [
-        ("patch", "editor@1", IntentContext(2, "write_patch", effect="write", proposal_digest="")),
-        ("tests", "pytest@1", IntentContext(3, "run_tests", effect="read", state_digest=W)),
-    ]:
-        step = cursor.offer(op_id, "effect", tool, context)
-        assert step is not None and step.result == {"ok": op_id}
-    cursor.require_new_effects_allowed()
+    unreplayed = RecordIntent("commit", "effect", "git@1", commit_context(P, "g1"), "idem-commit")
+    assert w2.submit(unreplayed).reason == "replay_required"  # the ledger, not the cursor, holds w2 to it
+    replayed(ledger, w2, summary)
     assert host.calls == calls_before_loss  # the replay called nothing
 
     inherited = w2.submit(RecordIntent("commit", "effect", "git@1", commit_context(P, "g1"), "idem-commit"))

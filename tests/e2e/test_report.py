@@ -117,7 +117,7 @@ def page(demo: tuple[Path, str]) -> Path:
     directory, run_id = demo
     result = baton(directory, "report", run_id, "-o", "run.html")
     assert result.returncode == 0, result.stderr
-    assert "22 events, audit ok" in result.stdout
+    assert "23 events, audit ok" in result.stdout
     return directory / "run.html"
 
 
@@ -139,7 +139,7 @@ def test_the_report_is_one_self_contained_page_with_every_part(page: Path) -> No
     classes = parsed.classes()
     assert classes["stage-band"] == 8  # GENERATING .. COMMITTED, each once
     assert classes["lane"] == 2  # worker-a and worker-b
-    assert classes["event"] == 22
+    assert classes["event"] == 23
     assert classes["epoch-change"] == 2  # epoch 1 (first lease) and epoch 2 (the takeover)
     assert classes["takeover"] == 1
     assert classes["budget-plot"] == 8  # one per counter
@@ -231,7 +231,7 @@ def test_the_page_renders_in_headless_chromium(chromium: str, page: Path, tmp_pa
     classes = dom.classes()
     assert classes["stage-band"] == 8
     assert classes["budget-plot"] == 8
-    assert classes["event"] == 22
+    assert classes["event"] == 23
     assert classes["epoch-change"] == 2
     assert "ok" in dom.by_id("verdict")[1]["class"].split()
     assert "Audit: ok." in "".join(dom.text)

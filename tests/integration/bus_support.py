@@ -20,7 +20,16 @@ from nats.aio.client import Client as NatsClient
 
 from baton.adapters.wire import decode_verdict, encode_submission
 from baton.domain.budgets import Ceilings
-from baton.domain.commands import AcquireLease, Command, ExpireLease, OpenRun, RecordIntent, Submission, Verdict
+from baton.domain.commands import (
+    AcquireLease,
+    Command,
+    ExpireLease,
+    OpenRun,
+    RecordIntent,
+    ReserveStage,
+    Submission,
+    Verdict,
+)
 from baton.domain.events import BlobRef, IntentContext, Placement, RecordedEvent
 
 __all__ = [
@@ -58,6 +67,12 @@ def intent(
     context = IntentContext(turn=1, operation=op_id, arguments=arguments or {"n": op_id})
     command = RecordIntent(op_id, "pure", "tool@1", context, f"idem-{op_id}")
     return submission(sid or f"{run_id}-{worker}-{op_id}", run_id, worker, command, epoch)
+
+
+def stage(run_id: str, worker: str, epoch: int, stage_id: str) -> Submission:
+    """A stage reservation: work that opens nothing, so any number of them may follow one another
+    (an intent must be settled before the next)."""
+    return submission(f"{run_id}-{worker}-{stage_id}", run_id, worker, ReserveStage(stage_id, 1), epoch)
 
 
 async def request(nc: NatsClient, item: Submission | bytes, run_id: str | None = None) -> Verdict:

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, submission
+from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, stage, submission
 
 from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.bus import KafkaBus
@@ -129,7 +129,7 @@ def test_verdicts_come_back_by_correlation_id_in_per_run_order_and_a_duplicate_r
 ) -> None:
     """Given submissions keyed by run, when one record is sent twice, then every verdict matches and order holds."""
     run_id = f"k-{uuid.uuid4().hex[:8]}"
-    items = [open_run(run_id), acquire(run_id, "w")] + [intent(run_id, "w", 1, f"op-{i}") for i in range(20)]
+    items = [open_run(run_id), acquire(run_id, "w")] + [stage(run_id, "w", 1, f"s-{i}") for i in range(20)]
 
     async def scenario(worker: Worker) -> None:
         for n, item in enumerate(items):
@@ -141,8 +141,8 @@ def test_verdicts_come_back_by_correlation_id_in_per_run_order_and_a_duplicate_r
         assert (verdicts["again"].verdict, verdicts["again"].position) == ("duplicate", verdicts["c7"].position)
 
     run(kafka_service, scenario)
-    ops = [e.body.op_id for e in kafka_service.ledger.history(run_id) if e.type == "IntentRecorded"]  # type: ignore[attr-defined]
-    assert ops == [f"op-{i}" for i in range(20)]
+    stages = [e.body.stage_id for e in kafka_service.ledger.history(run_id) if e.type == "StageReserved"]  # type: ignore[attr-defined]
+    assert stages == [f"s-{i}" for i in range(20)]
 
 
 def test_a_stale_epoch_is_rejected_over_kafka_and_stores_nothing(kafka_service: KafkaService) -> None:

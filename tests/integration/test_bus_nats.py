@@ -25,6 +25,7 @@ from bus_support import (
     intent,
     open_run,
     request,
+    stage,
     stream_events,
     submission,
 )
@@ -255,7 +256,7 @@ def test_durable_submissions_of_a_run_are_appended_in_publish_order(bus_store_ur
 
             await nc.subscribe(inbox, cb=collect)
             items = [open_run("r1"), open_run("r2"), acquire("r1", "w"), acquire("r2", "w")]
-            items += [intent(run, "w", 1, f"op-{i}") for i in range(40) for run in ("r1", "r2")]
+            items += [stage(run, "w", 1, f"s-{i}") for i in range(40) for run in ("r1", "r2")]
             js = nc.jetstream()
             acks = [
                 await js.publish_async(
@@ -273,8 +274,8 @@ def test_durable_submissions_of_a_run_are_appended_in_publish_order(bus_store_ur
             await eventually(all_answered, what="a verdict for every durable submission")
             assert {v.verdict for v in verdicts} == {"accepted"}
             for run_id in ("r1", "r2"):
-                ops = [e.body.op_id for e in ledger.history(run_id) if e.type == "IntentRecorded"]  # type: ignore[attr-defined]
-                assert ops == [f"op-{i}" for i in range(40)]
+                stages = [e.body.stage_id for e in ledger.history(run_id) if e.type == "StageReserved"]  # type: ignore[attr-defined]
+                assert stages == [f"s-{i}" for i in range(40)]
 
     run(scenario())
 
@@ -294,7 +295,7 @@ def test_the_events_stream_equals_the_store_and_resumes_after_a_restart_without_
             ledger = open_ledger(bus_store_url)  # appends while no relay runs
             try:
                 for i in range(5):
-                    verdict = ledger.submit(intent("r2", "w", 1, f"op-{i}"))
+                    verdict = ledger.submit(stage("r2", "w", 1, f"s-{i}"))
                     assert verdict.verdict == "accepted", verdict
             finally:
                 ledger.close()
@@ -341,7 +342,7 @@ def test_partitioned_services_each_answer_every_request_of_their_runs(bus_store_
                 await request(nc, open_run(run_id))
                 await request(nc, acquire(run_id, "w"))
             verdicts = await asyncio.gather(
-                *(request(nc, intent(run_id, "w", 1, f"op-{n}")) for n in range(3) for run_id in runs)
+                *(request(nc, stage(run_id, "w", 1, f"s-{n}")) for n in range(3) for run_id in runs)
             )
             assert {v.verdict for v in verdicts} == {"accepted"}
             assert answered["A"] and answered["B"]  # both partitions' owners served

@@ -6,11 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from baton.domain.authority import gate
+from baton.domain.authority import gate, gate_key
 from baton.domain.commands import (
     DenyApproval,
     GrantApproval,
     GrantAuthority,
+    ReconcileIntent,
     RecordEvidence,
     RecordIntent,
     RevokeAuthority,
@@ -128,6 +129,52 @@ def test_gate_allows_only_the_live_epoch_with_an_open_intent_and_live_authority(
     assert gate(history.state, W1, 1, "d", history.now).reason == "authority_missing"
     history.advance(seconds(31))
     assert gate(history.state, W1, 1, "d", history.now).reason == "lease_expired"
+
+
+def test_gate_by_key_answers_for_the_open_intent_holding_the_key() -> None:
+    """Asked by idempotency key, the gateway gates the open intent that gave the system that key
+    exactly as by op id: yes for its holder at its epoch; no for a stale epoch or revoked authority."""
+    history = given().opened().leased(W1)
+    history.record(GrantAuthority("g1", "cap://deploy", W1, 1), worker=OPERATOR)
+    history.record(RecordIntent("d", "effect", "deploy@1", IntentContext(1, "deploy", authorization="g1"), "K"))
+
+    assert gate_key(history.state, W1, 1, "K", history.now) == gate(history.state, W1, 1, "d", history.now)
+    assert gate_key(history.state, W1, 1, "K", history.now).allowed
+    assert gate_key(history.state, W1, 0, "K", history.now).reason == "stale_epoch"
+    history.record(RevokeAuthority("g1", "rotated"), worker=OPERATOR)
+    assert gate_key(history.state, W1, 1, "K", history.now).reason == "authority_missing"
+
+
+def test_gate_by_key_after_a_takeover_says_reconciliation_required() -> None:
+    """The new holder asking about the key of an intent the old epoch left open is told to reconcile."""
+    history = given().opened().leased(W1).intended("op-1").advance(seconds(31)).leased(W2)
+
+    assert gate_key(history.state, W2, 2, "idem-op-1", history.now).reason == "reconciliation_required"
+
+
+def test_gate_by_key_of_an_intent_with_an_outcome_is_already_observed() -> None:
+    """A key whose intent was observed (or reconciled applied) is used: denied already_observed, and the
+    detail says the key was used, so the host does not perform it again."""
+    history = given().opened().leased(W1).intended("op-1").observed("op-1")
+
+    decision = gate_key(history.state, W1, 1, "idem-op-1", history.now)
+    assert (decision.allowed, decision.reason) == (False, "already_observed")
+    assert "idem-op-1" in decision.detail and "used" in decision.detail
+
+
+def test_gate_by_an_unknown_or_given_back_key_is_unknown_operation() -> None:
+    """A key no intent holds is unknown_operation: never used, or given back by a not_applied
+    reconciliation (a new intent may use it); an empty key is malformed; a stale asker is stale_epoch
+    whatever the key."""
+    history = given().opened().leased(W1).intended("op-1")
+    history.record(ReconcileIntent("op-1", "not_applied", "host has no idem-op-1"))
+
+    assert gate_key(history.state, W1, 1, "never", history.now).reason == "unknown_operation"
+    assert gate_key(history.state, W1, 1, "idem-op-1", history.now).reason == "unknown_operation"
+    assert gate_key(history.state, W1, 1, "", history.now).reason == "malformed"
+    assert gate_key(history.state, W2, 1, "never", history.now).reason == "stale_epoch"
+    history.advance(seconds(31))
+    assert gate_key(history.state, W1, 1, "never", history.now).reason == "lease_expired"
 
 
 def test_verifier_evidence_from_the_lease_holder_is_refused() -> None:

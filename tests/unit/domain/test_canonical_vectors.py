@@ -21,7 +21,15 @@ from baton.domain.canonical import ZERO_DIGEST, canonical_bytes, digest_of, sche
 from baton.domain.chain import EVENT_PREFIX, seal, verify_chain
 from baton.domain.commands import OpenRun, Submission
 from baton.domain.decide import context_digest
-from baton.domain.events import BlobRef, IntentContext, LeaseGranted, Placement, RecordedEvent, RunOpened
+from baton.domain.events import (
+    EVENT_TYPES,
+    BlobRef,
+    IntentContext,
+    LeaseGranted,
+    Placement,
+    RecordedEvent,
+    RunOpened,
+)
 from baton.domain.stages import REWORKABLE, Stage, is_legal
 
 # --------------------------------------------------------------------------------------------------
@@ -367,3 +375,19 @@ def test_other_spellings_of_a_schema_integer_are_refused(stored: object) -> None
     """Given a spelling ``int()`` would take but the definition never writes, then ValueError."""
     with pytest.raises(ValueError, match="not a canonical integer"):
         schema_integer(stored)
+
+
+def test_a_body_stored_before_a_field_was_added_keeps_its_canonical_bytes() -> None:
+    """Given bodies as an earlier release stored them (no ``reconciled_by``, ``session``, ``session_gone``),
+    when decoded and encoded canonically again, then the bytes are the ones their digests were made over."""
+    placement = Placement("w", model="m")
+    stored = [
+        {"type": "IntentReconciled", "op_id": "op-1", "resolution": "applied", "evidence": "log",
+         "charge": msgspec.to_builtins(Usage()), "result": None, "result_ref": None},
+        {"type": "LeaseGranted", "worker": "w", "epoch": 1, "placement": msgspec.to_builtins(placement),
+         "expires_at": 5},
+        {"type": "LeaseExpired", "worker": "w", "epoch": 1, "expired_at": 5},
+    ]  # fmt: skip
+    for plain in stored:
+        decoded = msgspec.convert(plain, EVENT_TYPES[plain["type"]])
+        assert canonical_bytes(decoded) == canonical_bytes(plain), plain["type"]

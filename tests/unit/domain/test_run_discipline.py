@@ -16,10 +16,13 @@ before (``History.rejects`` asserts both); when it keeps them, then it records w
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 import pytest
 
 from baton.domain.budgets import Ceilings, Usage
+from baton.domain.canonical import ZERO_DIGEST
 from baton.domain.commands import (
     AcquireLease,
     Command,
@@ -55,23 +58,23 @@ from baton.domain.handoff_document import state_digest_of
 from baton.domain.stages import Stage
 
 from ..projections.test_audit_handoff import STATE, document, handed_over, sealed
-from .given import W1, W2, W3, History, context, given, intent, observation, placement, seconds, single
+from .given import W1, W2, W3, History, Kind, context, given, intent, observation, placement, seconds, single
 
 LAPSED = seconds(31)  # past the default 30 s ttl
 WORK_TYPES = ("IntentRecorded", "ObservationRecorded", "IntentReconciled", "TransitionRecorded", "StageReserved")
 THREAD_DOCUMENT = BlobRef("sha256:" + "d" * 64, 10)
 
 
-def keyed(op_id: str, key: str, kind: str = "effect") -> RecordIntent:
+def keyed(op_id: str, key: str, kind: Kind = "effect") -> RecordIntent:
     """An intent of ``op_id`` that gives the external system ``key``."""
-    return RecordIntent(op_id, kind, "shell@1", context(op_id), key)  # type: ignore[arg-type]
+    return RecordIntent(op_id, kind, "shell@1", context(op_id), key)
 
 
 def last_work_before(log: list[RecordedEvent], position: int) -> tuple[int, str]:
     """Position and chain digest of the last work event (intent, outcome, transition, reservation)
     before ``position``, read off the log itself."""
     work = [e for e in log if e.position < position and e.type in WORK_TYPES]
-    return (work[-1].position, work[-1].digest) if work else (0, "sha256:" + "0" * 64)
+    return (work[-1].position, work[-1].digest) if work else (0, ZERO_DIGEST)
 
 
 def last_grant(log: list[RecordedEvent]) -> int:
@@ -222,12 +225,14 @@ def test_a_key_whose_intent_was_reconciled_applied_is_reused() -> None:
 
 
 @pytest.mark.parametrize("resolution", ["not_applied", "abandoned"])
-def test_a_key_given_back_by_a_reconciliation_may_be_used_again_once(resolution: str) -> None:
+def test_a_key_given_back_by_a_reconciliation_may_be_used_again_once(
+    resolution: Literal["not_applied", "abandoned"],
+) -> None:
     """Given an intent with key K reconciled not_applied or abandoned, when a new intent names K, then
     it is recorded; and once it is, K is held again (a third intent naming it is refused)."""
     history = given().opened().leased(W1)
     history.record(keyed("op-1", "K"))
-    history.record(ReconcileIntent("op-1", resolution, "host has no K"))  # type: ignore[arg-type]
+    history.record(ReconcileIntent("op-1", resolution, "host has no K"))
 
     assert single(history.when(keyed("op-2", "K")), IntentRecorded).idempotency_key == "K"
     history.record(keyed("op-2", "K"))
@@ -434,7 +439,7 @@ def test_a_runs_first_holder_owes_nothing() -> None:
     history = given().opened().leased(W1, replayed=False)
 
     assert single(history.when(intent("op-1")), IntentRecorded).op_id == "op-1"
-    assert single(history.when(ResumeFrom(0, "sha256:" + "0" * 64)), ResumedFrom).position == 0
+    assert single(history.when(ResumeFrom(0, ZERO_DIGEST)), ResumedFrom).position == 0
     assert history.rejects(ResumeFrom(1, history.log[0].digest)).reason == "prefix_mismatch"
 
 
@@ -503,8 +508,8 @@ def test_a_run_passing_a_b_c_with_b_suspending_fresh_and_after_replay_counts_exa
     ceilings = Ceilings(**msgspec.structs.asdict(totals))
     history = given().opened(ceilings)
 
-    def work(worker: str, op_id: str, fuel: int, kind: str = "effect") -> None:
-        history.record(RecordIntent(op_id, kind, "shell@1", context(op_id), f"idem-{op_id}"), worker=worker)  # type: ignore[arg-type]
+    def work(worker: str, op_id: str, fuel: int, kind: Kind = "effect") -> None:
+        history.record(keyed(op_id, f"idem-{op_id}", kind), worker=worker)
         history.record(observation(op_id, usage=Usage(fuel=fuel)), worker=worker)
 
     # A
