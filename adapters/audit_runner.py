@@ -2,7 +2,7 @@
 
 The audit reads the stored bytes of every run in one ordered scan (``originator_id``, then
 position), feeds them to ``projections.audit.AuditFold`` one run at a time and anchors each run's
-head to its run row; a large PostgreSQL store is split into key ranges of whole runs, one process
+head to its run row (and its other columns, and its last submission row, to the log); a large PostgreSQL store is split into key ranges of whole runs, one process
 each, joined in key order, so the report is the one a single process gives. A run's stored resume
 snapshots are handed to its fold, which compares each with the fold at its position.
 """
@@ -14,7 +14,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, wait
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import msgspec
 from eventsourcing.persistence import PersistenceError
@@ -22,12 +22,21 @@ from pydantic import ValidationError
 
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.eventstore import RunLedger
-from baton.adapters.eventstore.audit_reader import KeyRange, key_ranges, snapshot_runs, stored_rows, stored_snapshots
+from baton.adapters.eventstore.audit_reader import (
+    KeyRange,
+    key_ranges,
+    last_submissions,
+    snapshot_runs,
+    stored_rows,
+    stored_snapshots,
+)
+from baton.adapters.eventstore.fenced import RunRow
 from baton.adapters.identity import RegistryHistory
 from baton.domain.errors import BatonError, StoreUnavailable
 from baton.domain.events import RecordedEvent
 from baton.domain.identity import REGISTRY_RUN
 from baton.projections.audit import AuditFold, Problem
+from baton.projections.audit_anchors import LastSubmission, RowClaims
 
 __all__ = ["AUDIT_ERRORS", "DEFAULT_JOBS", "PARALLEL_MIN_EVENTS", "AuditReport", "audit_store", "verify_export"]
 
@@ -69,7 +78,7 @@ def audit_store(
     parts are joined in key order, so the report is the one a single process gives.
     """
     rows = ledger.runs() if run_id is None else [r for r in [ledger.recorder.select_run(run_id)] if r]  # type: ignore[attr-defined]
-    anchors = {row.run_id: (row.head, row.head_digest) for row in rows}
+    anchors = _Anchors({row.run_id: row for row in rows}, last_submissions(ledger, run_id))
     postgres = hasattr(ledger.recorder.datastore, "schema")  # type: ignore[attr-defined]
     # the workers open their own ledgers from ``store``: never split without it, or they could read
     # another store ($BATON_STORE, the default file) and check it against this one's anchors
@@ -84,10 +93,12 @@ def audit_store(
         report.runs_checked += part.runs_checked
         report.events_checked += part.events_checked
         seen |= part_seen
-    # a run row whose events are all gone, or snapshots of a run with neither events nor a run row
-    for missing in sorted((anchors.keys() | snapshot_runs(ledger, run_id)) - seen):
+    # a run row whose events are all gone, or snapshots or submission rows of a run with neither
+    # events nor a run row
+    recorded = anchors.rows.keys() | anchors.submissions.keys() | snapshot_runs(ledger, run_id)
+    for missing in sorted(recorded - seen):
         empty = AuditFold(missing, snapshots=stored_snapshots(ledger, missing))
-        report.problems.extend(empty.finish(anchors.get(missing), anchored=True))
+        report.problems.extend(anchors.finish(empty))
         report.runs_checked += 1
     if progress is not None:
         progress(report.events_checked)
@@ -97,7 +108,20 @@ def audit_store(
     return report
 
 
-_Anchors = dict[str, tuple[int, str]]
+class _Anchors(NamedTuple):
+    """What the store recorded beside the log, by run: the run rows and the last submission rows."""
+
+    rows: dict[str, RunRow]
+    submissions: dict[str, LastSubmission]
+
+    def finish(self, fold: AuditFold) -> list[Problem]:
+        """The fold's problems, its log compared with the run's rows."""
+        row = self.rows.get(fold.run_id)
+        if row is None:
+            return fold.finish(None, anchored=True, submission=self.submissions.get(fold.run_id))
+        claims = RowClaims(row.epoch, row.holder, row.expires_at, row.stage, row.status)
+        anchor = (row.head, row.head_digest)
+        return fold.finish(anchor, anchored=True, row=claims, submission=self.submissions.get(fold.run_id))
 
 
 def _audit_range(
@@ -113,7 +137,7 @@ def _audit_range(
     fold: AuditFold | None = None
 
     def close(fold: AuditFold) -> None:
-        report.problems.extend(fold.finish(anchors.get(fold.run_id), anchored=True))
+        report.problems.extend(anchors.finish(fold))
         report.runs_checked += 1
         report.events_checked += fold.events
 

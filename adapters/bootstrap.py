@@ -81,12 +81,9 @@ def store_identity(url: str | None = None) -> StoreIdentity:
     public key others know it by (``baton store id``), and the key it tags snapshots with."""
     ledger = open_ledger(url, one_shot=True)
     try:
-        identity = ledger.store.select_store_identity()
+        return ledger.identity()
     finally:
         ledger.close()
-    if identity is None:
-        raise BatonError("this store has lost its identity: its baton_store row is missing (restore it from a backup)")
-    return identity
 
 
 def register(url: str | None, operator_key: SigningKey, command: Command) -> Verdict:

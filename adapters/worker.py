@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from baton.adapters import handoff
+from baton.adapters import handoff, handoff_state
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.identity import SigningKey
 from baton.adapters.wire import decode_verdict
@@ -422,6 +422,12 @@ class Worker:
         resumed = Resumed(fold.snapshot(), verdict, cursor, resume_point(summary.state, self.name))
         self._resumed[run_id] = resumed  # ``step`` replays through it; new work says ``resume_from`` after
         return resumed
+
+    def accepted_state(self, run_id: str) -> dict[str, Any]:
+        """The migrated state the run's latest handoff into this store continues from, read from the
+        store's blob store and checked against the digest its ``HandoffAccepted`` binds: what a worker
+        replacing a destination that died after the import continues from, with no document at hand."""
+        return handoff_state.accepted_state(self.reader, run_id).state
 
     def hand_off(
         self, run_id: str, destination: Placement, state: dict[str, Any], *, to_version: int | None = None

@@ -20,6 +20,8 @@ __all__ = [
     "AbortHandoff",
     "AcceptHandoff",
     "AcquireLease",
+    "ClaimHandoff",
+    "ConfirmHandoff",
     "Command",
     "CompleteRun",
     "DenyApproval",
@@ -203,6 +205,25 @@ class AcceptHandoff(_Command, tag="accept_handoff", frozen=True):
     document: str
     expected_digest: str
     ttl_ms: int = 30_000
+    # an import of a document naming a destination store: the source's signed claim receipt
+    # (``domain.receipts``) and the source store's public key the caller trusts; added later
+    receipt: str = ""
+    trust: str = ""
+
+
+class ClaimHandoff(_Command, tag="claim_handoff", frozen=True):
+    """In the source store, the destination claims the prepared handoff for ``for_store``: once
+    claimed, the run moves there and nowhere else, and the source accepts nothing more of it."""
+
+    document_digest: str
+    for_store: str
+
+
+class ConfirmHandoff(_Command, tag="confirm_handoff", frozen=True):
+    """In the source store, the destination says it imported the claimed handoff (at ``position``)."""
+
+    document_digest: str
+    position: int
 
 
 class AbortHandoff(_Command, tag="abort_handoff", frozen=True):
@@ -309,6 +330,8 @@ Command = (
     | PrepareHandoff
     | AcceptHandoff
     | AbortHandoff
+    | ClaimHandoff
+    | ConfirmHandoff
     | CompleteRun
     | FailRun
     | PutCheckpoint
@@ -326,7 +349,11 @@ Command = (
 
 # Fields added to a command after submissions without them were stored: while at their default they
 # are left out of a submission's content digest, so a retry from an older client is still a duplicate.
-ADDED_FIELDS: dict[str, tuple[str, ...]] = {"open_run": ("policy",), "acquire_lease": ("session",)}
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "open_run": ("policy",),
+    "acquire_lease": ("session",),
+    "accept_handoff": ("receipt", "trust"),
+}
 
 
 class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):

@@ -12,7 +12,9 @@ from baton.domain.commands import (
     AbortHandoff,
     AcceptHandoff,
     AcquireLease,
+    ClaimHandoff,
     CompleteRun,
+    ConfirmHandoff,
     DenyApproval,
     ExpireLease,
     FailRun,
@@ -98,6 +100,8 @@ def decide(  # noqa: C901, PLR0911, PLR0912
         raise errors.Malformed(f"registry commands go to {identity.REGISTRY_RUN!r}, and only they do")
     if isinstance(command, identity.REGISTRY_COMMANDS):
         return identity.decide_registry(state, submission)
+    if state.claimed_store is not None or isinstance(command, ConfirmHandoff):
+        return _moved(state, submission, command)
     if isinstance(command, _UNFENCED):
         return _unfenced(state, submission, command, now, holder_gone=holder_gone)
     if isinstance(command, AcceptHandoff) and state.pending_handoff is None:
@@ -138,6 +142,8 @@ def decide(  # noqa: C901, PLR0911, PLR0912
         return handoff.accept(state, submission, command, now + _ttl_us(command.ttl_ms))
     if isinstance(command, AbortHandoff):
         return handoff.abort(state, command)
+    if isinstance(command, ClaimHandoff):
+        return handoff.claim(state, command)
     if isinstance(command, SealCheckpoint):
         operations.require_settled(state, "seal a checkpoint")
         return [CheckpointSealed(command.checkpoint_id, state.stage, command.state_digest, command.state_ref)]
@@ -157,9 +163,25 @@ def decide(  # noqa: C901, PLR0911, PLR0912
 _FromAuthority = GrantAuthority | RevokeAuthority | GrantApproval | DenyApproval | RecordEvidence
 _FROM_AUTHORITIES = (GrantAuthority, RevokeAuthority, GrantApproval, DenyApproval, RecordEvidence)
 _UNFENCED = (OpenRun, PurgeThread, AcquireLease, ExpireLease, *_FROM_AUTHORITIES)
-UNFENCED_COMMANDS = _UNFENCED  # their sender need not hold the lease (the write path names a lost race by it)
-_WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, RenewLease, ReleaseLease, FailRun)
-_UPKEEP = (RenewLease, ReleaseLease, FailRun, AbortHandoff, AcceptHandoff)
+# their sender need not hold the lease (the write path names a lost race by it)
+UNFENCED_COMMANDS = (*_UNFENCED, ConfirmHandoff)
+
+
+def _moved(state: RunState, submission: Submission, command: object) -> list[Event]:
+    """A run claimed for another store lives there: this store records the destination's
+    confirmation, from the worker the run was handed to, and takes nothing else."""
+    if not isinstance(command, ConfirmHandoff):
+        msg = f"run {state.run_id!r} was claimed for store {state.claimed_store}: it continues there, not here"
+        raise errors.AlreadyClaimed(msg)
+    _require_run(state, submission, closed=True)
+    if submission.worker != state.last_holder:
+        msg = f"the run was handed to {state.last_holder!r}, not to {submission.worker!r}"
+        raise errors.StaleEpoch(msg, current_epoch=state.epoch)
+    return handoff.confirm(state, command)
+
+
+_WHILE_HANDOFF_PENDING = (AcceptHandoff, AbortHandoff, ClaimHandoff, RenewLease, ReleaseLease, FailRun)
+_UPKEEP = (RenewLease, ReleaseLease, FailRun, AbortHandoff, AcceptHandoff, ClaimHandoff)
 # while an intent is uncertain: settling it (observing it at its epoch, or reconciling it), saying
 # which prefix was replayed, and lease upkeep; no stage, store write, transition or move
 _WHILE_UNCERTAIN = (RecordObservation, ReconcileIntent, ResumeFrom, *_UPKEEP)

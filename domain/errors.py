@@ -66,6 +66,10 @@ __all__ = [
     "IdempotencyKeyReused",
     "ReplayRequired",
     "PrefixMismatch",
+    # cross-store handoff
+    "AlreadyClaimed",
+    "ClaimRequired",
+    "ClaimNotForThisStore",
 ]
 
 
@@ -379,3 +383,22 @@ class PrefixMismatch(Rejection):
     """``resume_from`` names another position or digest than the prefix the ledger holds."""
 
     reason = "prefix_mismatch"
+
+
+class AlreadyClaimed(Rejection):
+    """The handoff was claimed for a store: the run continues there, and this store takes nothing
+    more of it (no other claim, no abort, no acceptance, no work)."""
+
+    reason = "already_claimed"
+
+
+class ClaimRequired(Rejection):
+    """An import needs the source's signed claim receipt for this document and store."""
+
+    reason = "claim_required"
+
+
+class ClaimNotForThisStore(Rejection):
+    """The claim (or the document) names another store than the one asked to take the run."""
+
+    reason = "claim_not_for_this_store"

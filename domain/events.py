@@ -22,6 +22,8 @@ from baton.domain.stages import Stage
 
 __all__ = [
     "EVENT_TYPES",
+    "HandoffClaimed",
+    "HandoffConfirmed",
     "ResumedFrom",
     "ApprovalDenied",
     "ApprovalGranted",
@@ -267,6 +269,9 @@ class HandoffPrepared(_Event, tag=True, frozen=True):
     checkpoint_id: str
     migration_id: str
     predecessor_digest: str | None = None
+    # the store the document hands the run to (a cross-store handoff); unset, and not in the bytes,
+    # for a handoff within this store and in events stored before stores were named
+    destination_store: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class HandoffAccepted(_Event, tag=True, frozen=True):
@@ -274,6 +279,11 @@ class HandoffAccepted(_Event, tag=True, frozen=True):
 
     ``imported`` marks the first event of a run continued in another store: the event then opens
     the run there with the document's release, migrated schema, ceilings and carried usage.
+
+    This is generation zero: the ledger stores the migrated state's canonical bytes in the same
+    append, in the blob store under ``state_ref.digest`` (its ``state_digest_of``), so this store's
+    log alone is enough to resume (``domain.generation_zero``). The migration that made the state
+    is named too, from ``from_schema`` v``from_version`` to ``schema_name`` v``schema_version``.
     """
 
     document_digest: str
@@ -287,6 +297,27 @@ class HandoffAccepted(_Event, tag=True, frozen=True):
     stage: Stage
     imported: bool = False
     predecessor_digest: str | None = None
+    # unset, and so not in the bytes, in events stored before generation zero named the migration
+    # (whose state was not stored either): an event's bytes never change
+    migration_id: str | msgspec.UnsetType = msgspec.UNSET
+    from_schema: str | msgspec.UnsetType = msgspec.UNSET
+    from_version: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class HandoffClaimed(_Event, tag=True, frozen=True):
+    """The source's record that the prepared handoff moves to ``for_store``, and only there: the
+    claim receipt the source store signs quotes this event's position."""
+
+    document_digest: str
+    for_store: str
+
+
+class HandoffConfirmed(_Event, tag=True, frozen=True):
+    """The destination's word that it imported the claimed handoff, at ``position`` of its log."""
+
+    document_digest: str
+    store_id: str
+    position: int
 
 
 class HandoffAborted(_Event, tag=True, frozen=True):
@@ -442,6 +473,8 @@ Event = (
     | PrincipalRolesChanged
     | PrincipalRevoked
     | ResumedFrom
+    | HandoffClaimed
+    | HandoffConfirmed
 )
 
 EVENT_TYPES: dict[str, type[_Event]] = {
@@ -480,6 +513,8 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         PrincipalRolesChanged,
         PrincipalRevoked,
         ResumedFrom,
+        HandoffClaimed,
+        HandoffConfirmed,
     )
 }
 

@@ -14,9 +14,20 @@ trusted to have checked it.
 
 from __future__ import annotations
 
+import msgspec
+
 from baton.domain import errors
-from baton.domain.commands import AbortHandoff, AcceptHandoff, PrepareHandoff, Submission
-from baton.domain.events import BlobRef, Event, HandoffAborted, HandoffAccepted, HandoffPrepared, LeaseGranted
+from baton.domain.commands import AbortHandoff, AcceptHandoff, ClaimHandoff, ConfirmHandoff, PrepareHandoff, Submission
+from baton.domain.events import (
+    BlobRef,
+    Event,
+    HandoffAborted,
+    HandoffAccepted,
+    HandoffClaimed,
+    HandoffConfirmed,
+    HandoffPrepared,
+    LeaseGranted,
+)
 from baton.domain.handoff_document import (
     HandoffDocument,
     decode_document,
@@ -25,10 +36,11 @@ from baton.domain.handoff_document import (
     state_bytes,
     verify_document,
 )
+from baton.domain.receipts import decode_receipt
 from baton.domain.stages import Stage
 from baton.domain.state import RunState
 
-__all__ = ["abort", "accept", "prepare", "unsafe_reasons"]
+__all__ = ["abort", "accept", "claim", "confirm", "prepare", "unsafe_reasons"]
 
 
 def unsafe_reasons(state: RunState) -> list[str]:
@@ -65,9 +77,32 @@ def prepare(state: RunState, submission: Submission, command: PrepareHandoff, ex
             doc.checkpoint.checkpoint_id,
             doc.migration.migration_id,
             doc.predecessor_digest,
+            doc.destination_store,
         ),
         LeaseGranted(destination.worker, state.epoch + 1, destination, expires_at),
     ]
+
+
+def claim(state: RunState, command: ClaimHandoff) -> list[Event]:
+    """The destination claims, in the source, the prepared handoff for the store the document names."""
+    if state.pending_handoff is None:
+        raise errors.NoHandoff(f"no handoff is prepared for run {state.run_id!r}")
+    if command.document_digest != state.pending_handoff:
+        msg = f"the prepared handoff is {state.pending_handoff}, not {command.document_digest}"
+        raise errors.HandoffDigestMismatch(msg)
+    if state.pending_store != command.for_store:
+        named = state.pending_store or "none (a handoff within this store)"
+        raise errors.ClaimNotForThisStore(f"the document hands the run to store {named}, not {command.for_store}")
+    return [HandoffClaimed(command.document_digest, command.for_store)]
+
+
+def confirm(state: RunState, command: ConfirmHandoff) -> list[Event]:
+    """The destination says, in the source, where it imported the claimed handoff."""
+    if state.claimed_store is None or command.document_digest != state.pending_handoff:
+        raise errors.NoHandoff(f"handoff {command.document_digest} of run {state.run_id!r} is not claimed here")
+    if command.position < 1:
+        raise errors.Malformed("position must be 1 or more")
+    return [HandoffConfirmed(command.document_digest, state.claimed_store, command.position)]
 
 
 def accept(state: RunState, submission: Submission, command: AcceptHandoff, expires_at: int) -> list[Event]:
@@ -79,16 +114,34 @@ def accept(state: RunState, submission: Submission, command: AcceptHandoff, expi
     if state.handoff_digest == command.expected_digest:
         raise errors.SuccessorExists(f"handoff {command.expected_digest} was already accepted")
     if not state.opened:
+        _require_claimed(doc, command)
         return _import(doc, command, expires_at)
     if state.pending_handoff is None:
         if doc.predecessor_digest == state.handoff_digest and doc.run_id == state.run_id:
             msg = f"no handoff is prepared for run {state.run_id!r}: the source must prepare it first"
             raise errors.NoHandoff(msg)
         raise errors.SuccessorExists(f"run {state.run_id!r} already continues from another handoff")
+    if doc.destination_store is not msgspec.UNSET:
+        msg = f"the document hands the run to store {doc.destination_store}: import it there, with its claim"
+        raise errors.ClaimNotForThisStore(msg)
     if state.pending_handoff != command.expected_digest:
         msg = f"the prepared handoff is {state.pending_handoff}, not {command.expected_digest}"
         raise errors.HandoffDigestMismatch(msg)
     return [_accepted(doc, command.expected_digest, imported=False)]
+
+
+def _require_claimed(doc: HandoffDocument, command: AcceptHandoff) -> None:
+    """An import needs the document to name its store and the source's receipt for exactly it (the
+    receipt's signature and this store's id are checked by the ledger before deciding)."""
+    if doc.destination_store is msgspec.UNSET:
+        raise errors.ClaimRequired("the document names no destination store: export it with --to-store")
+    if not command.receipt:
+        raise errors.ClaimRequired("an import needs the source's claim receipt for this document")
+    receipt = decode_receipt(command.receipt)
+    if (receipt.run_id, receipt.document_digest) != (doc.run_id, command.expected_digest):
+        raise errors.ClaimRequired("the claim receipt is for another document")
+    if receipt.for_store != doc.destination_store:
+        raise errors.ClaimNotForThisStore(f"the receipt claims the run for store {receipt.for_store}")
 
 
 def abort(state: RunState, command: AbortHandoff) -> list[Event]:
@@ -120,6 +173,9 @@ def _accepted(doc: HandoffDocument, digest: str, *, imported: bool) -> HandoffAc
         stage=Stage(doc.checkpoint.stage),
         imported=imported,
         predecessor_digest=doc.predecessor_digest,
+        migration_id=doc.migration.migration_id,
+        from_schema=doc.migration.from_schema,
+        from_version=doc.migration.from_version,
     )
 
 

@@ -96,6 +96,9 @@ class HandoffDocument(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     source_epoch: int
     source_worker: str
     destination_worker: str
+    # the store the run moves to (a cross-store handoff, which that store imports only with the
+    # source's claim receipt); unset for a handoff within one store: then not on the wire at all
+    destination_store: str | msgspec.UnsetType = msgspec.UNSET
     schema: Literal["baton.handoff.v1"] = SCHEMA
 
 
@@ -190,6 +193,8 @@ def _opaque(state: dict[str, Any]) -> Any:
 def _canonical(doc: HandoffDocument) -> bytes:
     fields = msgspec.structs.asdict(doc)
     state = fields.pop("state")
+    if fields["destination_store"] is msgspec.UNSET:
+        del fields["destination_store"]
     body = canonical_value(msgspec.to_builtins(fields, order="deterministic"))
     body["state"] = _opaque(state)
     return _json(body)
@@ -232,6 +237,7 @@ def _validate(doc: HandoffDocument) -> None:
         (point.placement in (None, doc.source), "source differs from checkpoint.placement"),
         (doc.source.worker == doc.source_worker, "source.worker differs from source_worker"),
         (doc.destination.worker == doc.destination_worker, "destination.worker differs from destination_worker"),
+        (doc.destination_store is msgspec.UNSET or bool(doc.destination_store), "destination_store names no store"),
         (
             (mig.from_schema, mig.from_version) == (point.state_schema_name, point.state_schema_version),
             "migration.from differs from the checkpoint's state schema",

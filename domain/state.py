@@ -23,6 +23,8 @@ from baton.domain.events import (
     EvidenceRecorded,
     HandoffAborted,
     HandoffAccepted,
+    HandoffClaimed,
+    HandoffConfirmed,
     HandoffPrepared,
     IntentReconciled,
     IntentRecorded,
@@ -51,7 +53,7 @@ from baton.domain.stages import Stage
 
 _WORK = (IntentRecorded, ObservationRecorded, IntentReconciled, TransitionRecorded, StageReserved)
 _LEASE = (LeaseGranted, LeaseRenewed, LeaseReleased, LeaseExpired, ResumedFrom)
-_HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted)
+_HANDOFF = (HandoffPrepared, HandoffAborted, HandoffAccepted, HandoffClaimed, HandoffConfirmed)
 _AUTHORITY = (AuthorityGranted, AuthorityRevoked, EvidenceRecorded, ApprovalGranted, ApprovalDenied)
 _SETTLING = (ObservationRecorded, IntentReconciled)
 _CLOSING = (RunCompleted, RunFailed)
@@ -165,6 +167,9 @@ class RunState(msgspec.Struct):
     prefix_position: int = 0
     prefix_digest: str = ZERO_DIGEST
     pending_handoff: str | None = None  # digest of a prepared, not yet accepted handoff document
+    pending_store: str | None = None  # the store that prepared document hands the run to, if another
+    claimed_store: str | None = None  # the store the handoff was claimed for: the run lives there now
+    confirmed_position: int | None = None  # where that store says it imported the run
     handoff_digest: str | None = None  # digest of the last accepted handoff: the chain's head
     grants: dict[str, Grant] = {}  # live grants of the current epoch, by grant id
     approvals: dict[str, Approval] = {}  # by artifact digest: the approval in force for exactly that artifact
@@ -334,11 +339,22 @@ def _registry(
         state.principals[body.name] = msgspec.structs.replace(state.principals[body.name], revoked=True)
 
 
-def _handoff(state: RunState, body: HandoffPrepared | HandoffAborted | HandoffAccepted, position: int) -> None:
+def _handoff(
+    state: RunState,
+    body: HandoffPrepared | HandoffAborted | HandoffAccepted | HandoffClaimed | HandoffConfirmed,
+    position: int,
+) -> None:
     if isinstance(body, HandoffPrepared):
         state.pending_handoff = body.document_digest
+        state.pending_store = body.destination_store if isinstance(body.destination_store, str) else None
         return
-    state.pending_handoff = None
+    if isinstance(body, HandoffClaimed):
+        state.claimed_store = body.for_store
+        return
+    if isinstance(body, HandoffConfirmed):
+        state.confirmed_position = body.position
+        return
+    state.pending_handoff, state.pending_store = None, None
     if isinstance(body, HandoffAborted):
         return
     state.handoff_digest = body.document_digest

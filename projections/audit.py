@@ -40,6 +40,7 @@ from baton.domain.events import (
     EvidenceRecorded,
     HandoffAborted,
     HandoffAccepted,
+    HandoffClaimed,
     HandoffPrepared,
     IntentReconciled,
     IntentRecorded,
@@ -65,6 +66,7 @@ from baton.domain.threads import PURGE_TOMBSTONE
 from baton.projections import audit_authority as authority
 from baton.projections import audit_handoff as handoff
 from baton.projections import audit_rules as run
+from baton.projections.audit_anchors import LastSubmission, RowClaims, check_rows
 from baton.projections.audit_snapshots import SnapshotCheck
 from baton.projections.audit_state import CODES, AuditState, Problem, Rule
 
@@ -145,6 +147,7 @@ RULES: dict[type[Any], tuple[Rule, ...]] = {
     HandoffPrepared: (*_WORK, handoff.prepared),
     HandoffAccepted: (handoff.accepted,),  # fenced unless imported: the rule decides
     HandoffAborted: (run.fenced, handoff.aborted),
+    HandoffClaimed: (run.fenced,),  # by the destination worker, which the prepare gave the lease
     RunCompleted: (*_WORK, run.completed),
     RunFailed: (run.fenced, run.ended),
     # a LangGraph thread's checkpoints and writes (adapters/langgraph), the holder's work too
@@ -221,6 +224,7 @@ class AuditFold:
         self.events = 0
         self.head = 0  # the last position read in order
         self.head_digest: str | None = ZERO_DIGEST  # None after an undecodable event: the next link is unknown
+        self.head_submission: str | None = None  # the submission of the event at ``head``
         self._rules = RULES if rules is None else rules
         self._chains = {kind: self._chain(kind) for kind in self._rules}  # per body type with rules of its own
         self._held: _Item | None = None  # an event after a gap: is the next one the missing position?
@@ -257,7 +261,7 @@ class AuditFold:
             position = schema_integer(envelope["position"])
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             self.state.report("undecodable", f"undecodable envelope ({exc})", self.head + 1)
-            self.head, self.head_digest = self.head + 1, None
+            self.head, self.head_digest, self.head_submission = self.head + 1, None, None
             return
         try:
             computed = envelope_digest(envelope)
@@ -323,7 +327,9 @@ class AuditFold:
             self.state.report("broken_link", detail, position)
         self.head, self.head_digest = position, digest
         if event is None:
+            self.head_submission = None
             return
+        self.head_submission = event.submission_id
         state = self.state
         state.position = event.position
         for rule in self._chains.get(type(event.body), ENVELOPE_RULES):
@@ -342,11 +348,20 @@ class AuditFold:
             chain = (fenced_work, *chain[3:])
         return chain
 
-    def finish(self, anchor: tuple[int, str] | None = None, *, anchored: bool = False) -> list[Problem]:
+    def finish(
+        self,
+        anchor: tuple[int, str] | None = None,
+        *,
+        anchored: bool = False,
+        row: RowClaims | None = None,
+        submission: LastSubmission | None = None,
+    ) -> list[Problem]:
         """The problems, by position; ``anchor`` is the run row's (head, head_digest) when there is one.
 
         With ``anchored`` (the store has run rows) a missing anchor is itself a problem: the
-        events of a run the ledger never recorded.
+        events of a run the ledger never recorded; and the store's other rows are compared with the
+        log (``projections.audit_anchors``): ``row``, the run row's other columns, and
+        ``submission``, the run's last submission row (None: it has none).
         """
         if self._finished is not None:
             return self._finished
@@ -367,6 +382,9 @@ class AuditFold:
             )
         elif anchor is None and anchored and self.events:
             state.report("head_mismatch", "the store has no run row for these events", 1)
+        if anchored:
+            agreed = anchor is not None and anchor == (self.head, self.head_digest)
+            check_rows(state, self.head, self.head_submission, row if agreed else None, submission)
         if self._snapshots is not None:
             self._snapshots.finish(state, self.head)
         problems = sorted(state.problems, key=lambda p: p.position)  # stable: same position keeps its order

@@ -39,6 +39,14 @@ CODES: dict[str, str] = {
     "position_out_of_order": "a position lower than one already read",
     "wrong_run": "the envelope names another run",
     "head_mismatch": "the log's head differs from the run row (cut-off tail, or rows added behind the ledger)",
+    # the store's other rows, and an export's signed head statement
+    "submission_past_head": "a submission row points past the log's head (a tail cut, the run row fixed up)",
+    "submission_mismatch": "the log's last events are not those of the last submission the ledger accepted",
+    "run_row_mismatch": "the run row's epoch, holder, lease expiry, stage or status is not what the log gives",
+    "head_unsigned": "an export without the store's head statement (verified with --trust)",
+    "head_signature_invalid": "an export's head statement whose signature does not verify with the store's key",
+    "tail_cut": "an export whose run ends before the head the store stated",
+    "head_unstated": "an export holding a run its head statement does not name",
     # the run's life
     "not_opened": "an event before RunOpened",
     "duplicate_open": "RunOpened again, or an imported HandoffAccepted that is not the run's first event",

@@ -3,7 +3,8 @@
 ``export`` prepares the handoff in the source store (the lease moves there) and writes the document
 to stdout with its digest on stderr; ``import`` accepts it in the destination store (importing the
 run when that store has never seen it). Both are idempotent: after a lost reply, run the same
-command again, or ask ``status``: the store is the only source of truth.
+command again, or ask ``status``: the store is the only source of truth. ``state`` prints the
+migrated state a store accepted, from its own blob store (generation zero).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from baton.adapters import handoff as protocol
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.cli.identity import read_key
 from baton.adapters.cli.options import echo_json, json_option, placement_options, store_option
+from baton.adapters.handoff_state import accepted_state
+from baton.domain.commands import Verdict
 from baton.domain.events import Placement
 
 __all__ = ["COMMANDS"]
@@ -43,6 +46,9 @@ def handoff() -> None:
 @click.option("--to", "worker", required=True, metavar="WORKER", help="the destination worker")
 @click.option("--state", required=True, type=READABLE, metavar="FILE", help="the task state the last checkpoint sealed")
 @click.option("--to-version", type=int, default=None, help="migrate the state to this schema version")
+@click.option(
+    "--to-store", metavar="STORE_ID", help="the store the run moves to (`baton store id` there), across stores"
+)
 @placement_options(worker="worker")
 @TTL_MS
 @KEY
@@ -51,6 +57,7 @@ def export(
     run_id: str,
     state: Path,
     to_version: int | None,
+    to_store: str | None,
     placement: Placement,
     ttl_ms: int,
     key_file: str | None,
@@ -61,7 +68,14 @@ def export(
     key = read_key(key_file) if key_file else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         prepared = protocol.prepare(
-            ledger, run_id, destination=placement, state=task_state, to_version=to_version, ttl_ms=ttl_ms, key=key
+            ledger,
+            run_id,
+            destination=placement,
+            state=task_state,
+            to_version=to_version,
+            to_store=to_store,
+            ttl_ms=ttl_ms,
+            key=key,
         )
     if prepared.verdict.verdict == "rejected":
         click.echo(f"handoff refused ({prepared.verdict.reason}): {prepared.verdict.message}", err=True)
@@ -74,18 +88,64 @@ def export(
 @handoff.command("import")
 @click.argument("document", type=READABLE, metavar="DOCUMENT")
 @click.option("--expect-digest", required=True, metavar="DIGEST", help="the document's digest, from a trusted channel")
+@click.option("--receipt", type=READABLE, metavar="FILE", help="the source's claim receipt (`baton handoff claim`)")
+@click.option("--trust", metavar="PUBLIC_KEY", default="", help="the source store's public key (store id there)")
 @TTL_MS
 @KEY
 @store_option
-def import_(document: Path, expect_digest: str, ttl_ms: int, key_file: str | None, store: str | None) -> int:
-    """Accept a handoff document (imports the run).
+def import_(
+    document: Path,
+    expect_digest: str,
+    receipt: Path | None,
+    trust: str,
+    ttl_ms: int,
+    key_file: str | None,
+    store: str | None,
+) -> int:
+    """Accept a handoff document: in this store, or importing the run with the source's claim receipt.
 
-    The run is imported if this store has never seen it.
+    Prints one JSON verdict line, refusals included (the document is not parsed before its digest
+    is the expected one). Exit 1 if refused.
     """
     data = document.read_bytes()
+    claim = receipt.read_text(encoding="utf-8").strip() if receipt is not None else ""
     key = read_key(key_file) if key_file else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        verdict = protocol.accept(ledger, data, expect_digest, ttl_ms=ttl_ms, key=key)
+        verdict = protocol.accept(ledger, data, expect_digest, ttl_ms=ttl_ms, key=key, receipt=claim, trust=trust)
+    echo_json(verdict)
+    return 1 if verdict.verdict == "rejected" else 0
+
+
+@handoff.command("claim")
+@RUN_ID
+@click.option("--digest", required=True, metavar="DIGEST", help="the prepared handoff's document digest")
+@click.option("--for-store", required=True, metavar="STORE_ID", help="the store the run moves to")
+@KEY
+@store_option
+def claim(run_id: str, digest: str, for_store: str, key_file: str | None, store: str | None) -> int:
+    """In the source store: claim the handoff for one store; prints the receipt it signs.
+
+    The claim is recorded once: the same call again prints the same receipt; a claim for another
+    store, and an abort after a claim, are refused (already_claimed). Exit 1 if refused.
+    """
+    key = read_key(key_file) if key_file else None
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        answer = protocol.claim(ledger, run_id, digest, for_store, key=key)
+    echo_json(answer)
+    return 1 if isinstance(answer, Verdict) else 0
+
+
+@handoff.command("confirm")
+@RUN_ID
+@click.option("--digest", required=True, metavar="DIGEST", help="the claimed handoff's document digest")
+@click.option("--position", required=True, type=int, help="the position the destination imported it at")
+@KEY
+@store_option
+def confirm(run_id: str, digest: str, position: int, key_file: str | None, store: str | None) -> int:
+    """In the source store: record that the destination imported the claimed handoff. Exit 1 if refused."""
+    key = read_key(key_file) if key_file else None
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        verdict = protocol.confirm(ledger, run_id, digest, position, key=key)
     echo_json(verdict)
     return 1 if verdict.verdict == "rejected" else 0
 
@@ -102,6 +162,21 @@ def status(run_id: str, store: str | None) -> int:
         found = protocol.status(ledger, run_id)
     echo_json(found)
     return 0 if found.exists else 1
+
+
+@handoff.command("state")
+@RUN_ID
+@store_option
+def state_(run_id: str, store: str | None) -> int:
+    """Print the migrated state exactly as this store accepted it (canonical JSON, from its blob store).
+
+    Its digest (state_digest_of) is the document's state_digest. Exit 1 if the run has no accepted
+    handoff here.
+    """
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        accepted = accepted_state(ledger, run_id)
+    click.echo(accepted.data, nl=False)
+    return 0
 
 
 @click.command("gate")

@@ -8,7 +8,7 @@ the state cache (``state_cache``). The store is reached only through the ``Fence
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from typing import ClassVar
 
 from eventsourcing.application import Application
@@ -20,6 +20,7 @@ from baton.adapters.eventstore.mapper import MsgspecMapper
 from baton.adapters.eventstore.ports import AsyncAppender, FencedRecorder
 from baton.adapters.eventstore.reads import SNAPSHOT_EVERY, LedgerReads
 from baton.adapters.eventstore.state_cache import StateCache, working_copy
+from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.adapters.eventstore.write_path import WritePath, submission_digest
 from baton.domain import errors
 from baton.domain.chain import ChainReport
@@ -92,6 +93,23 @@ class RunLedger(Application[str]):
         """The run's current state: a private copy the caller may keep."""
         with self._cache.locked([run_id]):
             return working_copy(self._writes.current(run_id))
+
+    def blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The blobs stored under ``digests`` (those the store has), unchecked: the caller checks each
+        against the event that names it (``domain.generation_zero.migrated_state``)."""
+        try:
+            return self.store.select_blobs(digests)
+        except (OperationalError, InterfaceError) as exc:
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
+
+    # -- the store's identity -----------------------------------------------------------------
+
+    def identity(self) -> StoreIdentity:
+        """The store's identity (``baton store id``): it signs claim receipts and keys snapshot tags."""
+        found = self.store.select_store_identity()
+        if found is None:
+            raise errors.BatonError("this store has lost its identity: its baton_store row is missing")
+        return found
 
     # -- liveness ----------------------------------------------------------------------------
 

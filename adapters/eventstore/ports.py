@@ -7,7 +7,7 @@ append are eventsourcing's own ``ApplicationRecorder`` reads, which the recorder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
@@ -45,9 +45,9 @@ class AsyncAppender(Protocol):
 class FencedRecorder(Protocol):
     """An application recorder whose append checks fences and records submission ids atomically.
 
-    ``insert_events(events, fences=..., submissions=...)`` locks the run rows of ``fences`` (in run
-    id order), checks and updates each one, inserts the submission rows and then the events, all in
-    one transaction; it raises ``FenceViolation``, ``DuplicateSubmission`` or ``AppendConflict``
+    ``insert_events(events, fences=..., submissions=..., blobs=...)`` locks the run rows of ``fences``
+    (in run id order), checks and updates each one, inserts the submission rows, the blobs the events
+    reference (digest to bytes, into ``baton_blobs``) and then the events, all in one transaction; it raises ``FenceViolation``, ``DuplicateSubmission`` or ``AppendConflict``
     (all ``IntegrityError``) with nothing stored, and the library's ``OperationalError`` or
     ``InterfaceError`` when the store cannot be reached.
     """
@@ -79,6 +79,10 @@ class FencedRecorder(Protocol):
     def select_runs(self) -> list[RunRow]: ...
 
     def select_submission(self, submission_id: str) -> SubmissionRow | None: ...
+
+    def select_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The blobs stored under ``digests`` (those it has), as written, unchecked."""
+        ...
 
     def select_store_identity(self) -> StoreIdentity | None:
         """The store's identity (``baton_store``), made by ``migrate``; None if its row is gone."""

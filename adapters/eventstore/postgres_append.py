@@ -9,7 +9,7 @@ submission rows, then any riders (data-modifying clauses a caller adds to the sa
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -35,6 +35,7 @@ __all__ = [
     "append_call",
     "append_params",
     "before_events",
+    "blob_insert",
     "events_json",
     "fences_json",
     "library_error",
@@ -72,6 +73,14 @@ def before_events(
         clauses, params = riders
         statements.append((f"WITH {clauses} SELECT 1", params))
     return statements
+
+
+def blob_insert(schema: str, blobs: Mapping[str, bytes]) -> Statement:
+    """Store ``blobs`` (digest to bytes) in the append's transaction; one already stored is the same bytes."""
+    insert = SQL(
+        "INSERT INTO {0}.baton_blobs SELECT * FROM unnest(%s::text[], %s::bytea[]) ON CONFLICT DO NOTHING"
+    ).format(Identifier(schema))
+    return insert, [list(blobs), list(blobs.values())]
 
 
 class _EventRow(msgspec.Struct, frozen=True):

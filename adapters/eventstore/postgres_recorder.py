@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from eventsourcing.persistence import IntegrityError, InterfaceError, OperationalError, StoredEvent
@@ -49,6 +49,7 @@ from baton.adapters.eventstore.postgres_append import (
     append_call,
     append_params,
     before_events,
+    blob_insert,
     one_run_append,
     one_run_params,
     translate,
@@ -97,13 +98,14 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)  # as the library's own append
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
-        """Append in one statement (or the library's transaction, with riders), failures named as the fence's.
+        """Append in one statement (or the library's transaction, with riders or blobs), failures named as the
+        fence's.
 
         A retry after a lost connection is safe: if the first try did commit, the retry's fence
         misses (or its submission ids collide), and the ledger finds the submission recorded.
         """
         try:
-            if self._riders.current is not None:
+            if self._riders.current is not None or kwargs.get("blobs"):
                 notification_ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
                 return notification_ids
             fences, submissions = kwargs.get("fences", ()), kwargs.get("submissions", ())
@@ -137,10 +139,13 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         *,
         fences: Sequence[Fence] = (),
         submissions: Sequence[SubmissionRow] = (),
+        blobs: Mapping[str, bytes] | None = None,
         **kwargs: Any,
     ) -> None:
         for statement, params in before_events(self.datastore.schema, fences, submissions, self._riders.current):
             curs.execute(statement, params)
+        if blobs:  # what the events reference (a handoff's state), committed with them or not at all
+            curs.execute(*blob_insert(self.datastore.schema, blobs))
         super()._insert_events(curs, stored_events, **kwargs)
 
     def append_statements(
@@ -221,6 +226,14 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
             )
             row = curs.fetchone()
         return SubmissionRow(**row) if row is not None else None
+
+    def select_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        if not digests:
+            return {}
+        statement = SQL("SELECT digest, data FROM {0}.baton_blobs WHERE digest = ANY(%s)")
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(statement.format(Identifier(self.datastore.schema)), ([*digests],))
+            return {row["digest"]: bytes(row["data"]) for row in curs.fetchall()}
 
     def select_store_identity(self) -> StoreIdentity | None:
         """None also for a role that may not read ``baton_store`` (docs/operations.md, "Store identity"):

@@ -11,7 +11,7 @@ concurrent writer waits (busy timeout) instead of interleaving.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from eventsourcing.persistence import StoredEvent
@@ -39,6 +39,7 @@ _UPDATE_RUN = (
     "WHERE run_id=? AND head=? AND head_digest=? AND epoch=? AND holder IS ? RETURNING head"
 )
 _INSERT_SUBMISSION = "INSERT INTO baton_submissions VALUES (?,?,?,?)"
+_INSERT_BLOB = "INSERT OR IGNORE INTO baton_blobs VALUES (?,?)"  # content-addressed: a stored one is the same
 
 
 class FencedSQLiteRecorder(SQLiteApplicationRecorder):
@@ -77,9 +78,11 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
         *,
         fences: Sequence[Fence] = (),
         submissions: Sequence[SubmissionRow] = (),
+        blobs: Mapping[str, bytes] | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
-        """Fence every run (in run id order), then insert the submission rows, then the events.
+        """Fence every run (in run id order), then insert the submission rows, the blobs the events
+        reference (``baton_blobs`` is in the same file, so in the same transaction), then the events.
 
         Raises ``FenceViolation``, ``AppendConflict`` or ``DuplicateSubmission``; the library's
         transaction then rolls everything back.
@@ -91,6 +94,8 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
                 c.execute(_INSERT_SUBMISSION, (row.submission_id, row.run_id, row.content_digest, row.position))
             except sqlite3.IntegrityError:
                 raise DuplicateSubmission(row.submission_id) from None
+        for digest, data in (blobs or {}).items():
+            c.execute(_INSERT_BLOB, (digest, data))
         try:
             return super()._insert_events(c, stored_events, **kwargs)
         except sqlite3.IntegrityError as exc:  # a position taken concurrently
@@ -112,6 +117,13 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
             c.execute("SELECT * FROM baton_submissions WHERE submission_id=?", (submission_id,))
             row = c.fetchone()
         return SubmissionRow(**dict(row)) if row is not None else None
+
+    def select_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        if not digests:
+            return {}
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT digest, data FROM baton_blobs WHERE digest IN ({','.join('?' * len(digests))})", [*digests])
+            return {row[0]: bytes(row[1]) for row in c.fetchall()}
 
     def select_store_identity(self) -> StoreIdentity | None:
         with self.datastore.transaction(commit=False) as c:

@@ -15,6 +15,7 @@ from typing import NamedTuple, cast
 
 from eventsourcing.persistence import InterfaceError, OperationalError, PersistenceError, StoredEvent
 
+from baton.adapters.claims import check_claim
 from baton.adapters.clock import Clock
 from baton.adapters.eventstore.content_digest import same_content, submission_digest
 from baton.adapters.eventstore.fenced import (
@@ -35,6 +36,7 @@ from baton.domain.chain import seal_stored
 from baton.domain.commands import AcceptHandoff, Submission, Verdict
 from baton.domain.decide import UNFENCED_COMMANDS, decide, envelope_epoch
 from baton.domain.fencing import Fence, fence_for
+from baton.domain.generation_zero import blobs_of
 from baton.domain.identity import REGISTRY_RUN
 from baton.domain.state import RunState, apply
 
@@ -47,13 +49,17 @@ UNOPENED_RECHECK_S = 1.0
 
 
 class _Draft(NamedTuple):
-    """A decided, sealed attempt not yet appended; ``after`` is what to cache once it is stored."""
+    """A decided, sealed attempt not yet appended; ``after`` is what to cache once it is stored.
+
+    ``blobs``: the payloads its events reference that go into the blob store in the same
+    transaction (a handoff's document and migrated state: ``domain.generation_zero``)."""
 
     after: list[RunState]
     pending: list[StoredRunEvent]
     fences: list[Fence]
     rows: list[SubmissionRow]
     verdicts: list[Verdict]
+    blobs: dict[str, bytes]
 
     @property
     def stored(self) -> Sequence[StoredEvent]:
@@ -69,6 +75,7 @@ class WritePath:
         self.cache = cache
         self.clock = clock
         self._unopened_until = 0.0  # until then, a cached "no registry" is believed without a look
+        self._this_store: str | None = None  # this store's id, once read (``_store_id``)
 
     def current(self, run_id: str, *, refresh: bool = True) -> RunState:
         """The cached state, caught up with the store's log unless ``refresh`` is off.
@@ -141,7 +148,7 @@ class WritePath:
             states = {submission.run_id: state}
             read = None if submission.run_id == REGISTRY_RUN else _opened(registry)  # else it is in ``states``
             draft = self._draft([submission], states, read, refresh=False, all_or_nothing=True)
-            if not isinstance(draft, _Draft):
+            if not isinstance(draft, _Draft) or draft.blobs:  # a handoff's blobs take the sync path
                 return None
             try:
                 await appender.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, riders=riders)
@@ -170,7 +177,7 @@ class WritePath:
                 if not isinstance(draft, _Draft):
                     return draft
                 try:
-                    self.store.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows)
+                    self.store.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, blobs=draft.blobs)
                 except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
                     return None if all_or_nothing else self._after_failed_append(batch[0], failure)
             except (OperationalError, InterfaceError) as exc:  # reads included: a verdict, or this
@@ -199,6 +206,15 @@ class WritePath:
                 self._unopened_until = time.monotonic() + UNOPENED_RECHECK_S
         return _opened(registry)
 
+    def _store_id(self) -> str:
+        """This store's id (``baton store id``), read once: an import's claim must name it."""
+        if self._this_store is None:
+            identity = self.store.select_store_identity()
+            if identity is None:
+                raise errors.ClaimRequired("this store has no identity to be claimed for: run `baton store init`")
+            self._this_store = identity.store_id
+        return self._this_store
+
     def _unopened_expired(self) -> bool:
         return time.monotonic() >= self._unopened_until
 
@@ -224,6 +240,7 @@ class WritePath:
         pending: list[StoredRunEvent] = []
         rows: list[SubmissionRow] = []
         verdicts: list[Verdict] = []
+        blobs: dict[str, bytes] = {}
         for submission in batch:
             state = working[submission.run_id]
             try:
@@ -231,10 +248,13 @@ class WritePath:
                 session = session_to_judge(state, submission, now)  # "" on every ordinary append
                 gone = bool(session) and not self.store.session_alive(session)
                 bodies = decide(state, submission, now, holder_gone=gone)
+                if isinstance(submission.command, AcceptHandoff) and not state.opened:
+                    check_claim(submission.command, self._store_id())  # an import: the document is checked
             except errors.Rejection as rejection:
                 if all_or_nothing or not refresh:
                     return None
                 return [self._after_rejection(submission, rejection)]
+            blobs |= blobs_of(submission.command, bodies)
             epoch = envelope_epoch(state, submission, bodies)
             for recorded, stored in seal_stored(
                 state.run_id, state.version, state.head_digest, submission, epoch, bodies, now, signed=signed
@@ -247,7 +267,7 @@ class WritePath:
         fences = [fence_for(states[run_id], working[run_id]) for run_id in sorted(states)]
         if registry is not None and registry.signatures_required:
             fences.append(fence_for(registry, registry))  # read, not changed: it must still be the same
-        return _Draft(list(working.values()), pending, fences, rows, verdicts)
+        return _Draft(list(working.values()), pending, fences, rows, verdicts, blobs)
 
     def _after_failed_append(self, submission: Submission, failure: Exception) -> list[Verdict] | None:
         if isinstance(failure, DuplicateSubmission):

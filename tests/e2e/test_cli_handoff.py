@@ -38,36 +38,68 @@ def sealed_run(tmp_path: Path, store: str) -> None:
     assert [v["verdict"] for v in verdicts] == ["accepted"] * 4
 
 
-def test_export_then_import_moves_the_run_between_stores_exactly_once(tmp_path: Path) -> None:
-    """Given a sealed run in store A, when it is exported to w2 and imported into store B (twice, and once
-    with a wrong digest), then B continues it at the next epoch, migrated, and only once."""
-    source, target = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+def store_id(tmp_path: Path, store: str) -> dict[str, str]:
+    found: dict[str, str] = json.loads(baton(tmp_path, "store", "id", "--json", "--store", store).stdout)
+    return found
+
+
+def test_export_claim_then_import_moves_the_run_between_stores_exactly_once(tmp_path: Path) -> None:
+    """Given a sealed run in store A exported to w2 in store B, when B imports it without a claim, with
+    a wrong digest, with A's receipt (twice) and C tries the same receipt, then only B continues it,
+    once, at the next epoch, migrated; A, told of the import, says it handed the run off."""
+    source, target, other = (f"sqlite:///{tmp_path / name}" for name in ("a.db", "b.db", "c.db"))
     sealed_run(tmp_path, source)
     (tmp_path / "state.json").write_text(json.dumps(STATE), encoding="utf-8")
-    assert baton(tmp_path, "store", "init", "--store", target, "--unsigned").returncode == 0
+    for store in (target, other):
+        assert baton(tmp_path, "store", "init", "--store", store, "--unsigned").returncode == 0
+    b, a = store_id(tmp_path, target), store_id(tmp_path, source)
 
     exported = baton(
         tmp_path, "handoff", "export", "r1", "--to", "w2", "--state", "state.json", "--to-version", "2",
-        "--tool-contract", "git@1", "--store", source,
+        "--tool-contract", "git@1", "--to-store", b["store_id"], "--store", source,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     digest = exported.stderr.strip()
     (tmp_path / "doc.json").write_text(exported.stdout, encoding="utf-8")
-    wrong = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", "sha256:" + "1" * 64, "--store", target)
-    first = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", digest, "--store", target)
-    again = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", digest, "--store", target)
+    claim = ("handoff", "claim", "r1", "--digest", digest, "--for-store", b["store_id"], "--store", source)
+    receipt, receipt_again = baton(tmp_path, *claim), baton(tmp_path, *claim)
+    assert receipt.returncode == 0, receipt.stdout + receipt.stderr
+    assert receipt.stdout == receipt_again.stdout  # a lost reply is asked for again: the same receipt
+    (tmp_path / "receipt.json").write_text(receipt.stdout, encoding="utf-8")
+    elsewhere = baton(
+        tmp_path, "handoff", "claim", "r1", "--digest", digest, "--for-store", "store-c", "--store", source
+    )
+    assert (elsewhere.returncode, json.loads(elsewhere.stdout)["reason"]) == (1, "already_claimed")
 
-    assert (wrong.returncode, json.loads(wrong.stdout)["reason"]) == (1, "digest_mismatch")
-    assert (first.returncode, json.loads(first.stdout)["verdict"]) == (0, "accepted")
-    assert json.loads(again.stdout)["verdict"] == "duplicate"
-    assert json.loads(again.stdout)["position"] == json.loads(first.stdout)["position"]
+    def import_into(store: str, expected: str = digest, *claimed: str) -> tuple[int, dict[str, object]]:
+        done = baton(tmp_path, "handoff", "import", "doc.json", "--expect-digest", expected, *claimed, "--store", store)
+        return done.returncode, json.loads(done.stdout)
+
+    with_receipt = ("--receipt", "receipt.json", "--trust", a["public_key"])
+    unclaimed = import_into(target)
+    wrong = import_into(target, "sha256:" + "1" * 64, *with_receipt)
+    not_here = import_into(other, digest, *with_receipt)
+    untrusted = import_into(target, digest, "--receipt", "receipt.json", "--trust", b["public_key"])
+    first, again = import_into(target, digest, *with_receipt), import_into(target, digest, *with_receipt)
+
+    assert (unclaimed[0], unclaimed[1]["reason"]) == (1, "claim_required")
+    assert (wrong[0], wrong[1]["reason"]) == (1, "digest_mismatch")
+    assert (not_here[0], not_here[1]["reason"]) == (1, "claim_not_for_this_store")
+    assert (untrusted[0], untrusted[1]["reason"]) == (1, "bad_signature")
+    assert (first[0], first[1]["verdict"]) == (0, "accepted")
+    assert (again[1]["verdict"], again[1]["position"]) == ("duplicate", first[1]["position"])
+    assert baton(tmp_path, "runs", "--json", "--store", other).stdout.strip() == ""  # C stored nothing
     status = json.loads(baton(tmp_path, "handoff", "status", "r1", "--store", target).stdout)
     assert (status["accepted"], status["holder"], status["epoch"]) == (digest, "w2", 2)
-    assert json.loads(baton(tmp_path, "handoff", "status", "r1", "--store", source).stdout)["pending"] == digest
     history = lines(baton(tmp_path, "history", "r1", "--json", "--store", target).stdout)
     assert [h["type"] for h in history] == ["HandoffAccepted", "LeaseGranted"]
     assert json.loads(exported.stdout)["state"]["attempts"] == 1  # migrated once, at export
     assert baton(tmp_path, "verify", "r1", "--store", target).returncode == 0
+
+    confirmed = baton(tmp_path, "handoff", "confirm", "r1", "--digest", digest, "--position", "1", "--store", source)
+    assert confirmed.returncode == 0, confirmed.stdout
+    at_source = json.loads(baton(tmp_path, "handoff", "status", "r1", "--store", source).stdout)
+    assert at_source["said"].startswith(f"handed off to {b['store_id']} at digest {digest}")
 
 
 def test_gate_by_idempotency_key_from_a_shell(tmp_path: Path) -> None:

@@ -110,10 +110,15 @@ def _signed_store(tmp_path: Path, name: str, principal: str) -> tuple[str, str]:
 
 
 def test_a_handoff_between_signed_stores_is_signed_by_each_side(tmp_path: Path) -> None:
-    """Given two signed stores, when w1 exports with its key and w2 imports with its own, then the run
-    moves; an import without a key is refused and stores nothing."""
+    """Given two signed stores, when w1 exports with its key, w2 (registered in both) claims in the source
+    and imports with its own, then the run moves; an import without a key is refused and stores nothing."""
     source, w1_key = _signed_store(tmp_path, "a", "w1")
     target, w2_key = _signed_store(tmp_path, "b", "w2")
+    listed = json.loads(baton(tmp_path, "principals", "list", "--json", "--store", target).stdout)
+    w2_public = next(p["public_key"] for p in listed if p["name"] == "w2")
+    add_w2 = ("principals", "add", "w2", "--role", "worker", "--public-key", w2_public)
+    assert baton(tmp_path, *add_w2, "--key", "a-operator.key", "--store", source).returncode == 0
+    b_id, a_id = (json.loads(baton(tmp_path, "store", "id", "--json", "--store", s).stdout) for s in (target, source))
     digest = state_digest_of(STATE)
     commands = [
         OpenRun("rel-1", "coding-agent", 1, BlobRef(digest, 80)),
@@ -131,11 +136,18 @@ def test_a_handoff_between_signed_stores_is_signed_by_each_side(tmp_path: Path) 
 
     exported = baton(
         tmp_path, "handoff", "export", "r1", "--to", "w2", "--state", "state.json", "--tool-contract", "git@1",
-        "--key", w1_key, "--store", source,
+        "--to-store", b_id["store_id"], "--key", w1_key, "--store", source,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     (tmp_path / "doc.json").write_text(exported.stdout, encoding="utf-8")
-    imported = ("handoff", "import", "doc.json", "--expect-digest", exported.stderr.strip(), "--store", target)
+    claim = ("handoff", "claim", "r1", "--digest", exported.stderr.strip(), "--for-store", b_id["store_id"])
+    receipt = baton(tmp_path, *claim, "--key", w2_key, "--store", source)
+    assert receipt.returncode == 0, receipt.stdout
+    (tmp_path / "receipt.json").write_text(receipt.stdout, encoding="utf-8")
+    imported = (
+        "handoff", "import", "doc.json", "--expect-digest", exported.stderr.strip(), "--receipt", "receipt.json",
+        "--trust", a_id["public_key"], "--store", target,
+    )  # fmt: skip
     unsigned = baton(tmp_path, *imported)
     signed = baton(tmp_path, *imported, "--key", w2_key)
 

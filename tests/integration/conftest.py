@@ -50,3 +50,18 @@ def ledgers(store: RawStore) -> Iterator[LedgerFactory]:
     yield factory
     for ledger in opened:
         ledger.close()
+
+
+@pytest.fixture
+def stores(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, RunLedger]]:
+    """Three independent stores A (SQLite), B (PostgreSQL) and C (SQLite), each with its own ledger (the
+    cross-store handoff tests)."""
+    urls = {"A": f"sqlite:///{tmp_path / 'a.db'}", "B": request.getfixturevalue("postgres_url"), "C": ""}
+    urls["C"] = f"sqlite:///{tmp_path / 'c.db'}"
+    ledgers = {}
+    for name, url in urls.items():
+        init_store(url)
+        ledgers[name] = open_ledger(url, clock=ManualClock())
+    yield ledgers
+    for ledger in ledgers.values():
+        ledger.close()

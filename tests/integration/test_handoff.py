@@ -34,26 +34,13 @@ from baton.domain.commands import (
 from baton.domain.decide import context_digest
 from baton.domain.events import BlobRef, HandoffAccepted, HandoffPrepared, IntentContext, LeaseGranted, Placement
 from baton.domain.handoff_document import decode_document, document_digest, encode_document, state_digest_of
+from baton.domain.receipts import ClaimReceipt
 from baton.domain.stages import Stage
 from baton.projections.audit import audit_events
 
 RUN = "run-handoff"
 NONCANONICAL = "noncanonical_document"
 STATE_V1: dict[str, Any] = {"goal": "fix the flaky retry", "candidates": [{"patch": "p1", "verdict": "rejected"}]}
-
-
-@pytest.fixture
-def stores(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, RunLedger]]:
-    """Three independent stores A (SQLite), B (PostgreSQL) and C (SQLite), each with its own ledger."""
-    urls = {"A": f"sqlite:///{tmp_path / 'a.db'}", "B": request.getfixturevalue("postgres_url"), "C": ""}
-    urls["C"] = f"sqlite:///{tmp_path / 'c.db'}"
-    ledgers = {}
-    for name, url in urls.items():
-        init_store(url)
-        ledgers[name] = open_ledger(url, clock=ManualClock())
-    yield ledgers
-    for ledger in ledgers.values():
-        ledger.close()
 
 
 @pytest.fixture
@@ -74,7 +61,8 @@ class Worker:
     def submit(self, command: Any) -> Verdict:
         self.n += 1
         epoch = self.ledger.state(self.run_id).epoch
-        return self.ledger.submit(Submission(f"{self.name}-{self.n}", self.run_id, self.name, command, epoch))
+        sid = f"{self.run_id}/{self.name}-{self.n}"
+        return self.ledger.submit(Submission(sid, self.run_id, self.name, command, epoch))
 
     def ok(self, command: Any) -> Verdict:
         verdict = self.submit(command)
@@ -101,8 +89,8 @@ class Worker:
         self.ok(SealCheckpoint(f"ckpt-{op_id}", state_digest_of(state)))
 
 
-def started(ledger: RunLedger, ceilings: Ceilings | None = None) -> Worker:
-    source = Worker(ledger, "w1")
+def started(ledger: RunLedger, ceilings: Ceilings | None = None, run_id: str = RUN) -> Worker:
+    source = Worker(ledger, "w1", run_id)
     task = BlobRef(state_digest_of(STATE_V1), 64, "blob://task")
     source.ok(OpenRun("rel-1", "coding-agent", 1, task, ceilings or Ceilings()))
     source.ok(AcquireLease(Placement("w1", model="m1", tool_contracts=("shell@1",))))
@@ -112,6 +100,37 @@ def started(ledger: RunLedger, ceilings: Ceilings | None = None) -> Worker:
 
 def to(worker: str) -> Placement:
     return Placement(worker, model="m2", tool_contracts=("shell@1",))
+
+
+def exported(
+    source: RunLedger, destination: RunLedger, worker: str, state: dict[str, Any], run_id: str = RUN, **options: Any
+) -> Any:
+    """The source's holder prepares a handoff of ``run_id`` to ``worker`` in the ``destination`` store."""
+    to_store = destination.identity().store_id
+    return handoff.prepare(source, run_id, destination=to(worker), state=state, to_store=to_store, **options)
+
+
+def claimed(source: RunLedger, prepared: Any, destination: RunLedger) -> ClaimReceipt:
+    """The destination claims the prepared handoff in the source and gets the signed receipt."""
+    run_id = decode_document(prepared.document).run_id
+    receipt = handoff.claim(source, run_id, prepared.digest, destination.identity().store_id)
+    assert isinstance(receipt, ClaimReceipt), receipt
+    return receipt
+
+
+def imported(destination: RunLedger, prepared: Any, receipt: ClaimReceipt, source: RunLedger) -> Verdict:
+    """The destination imports the document with the receipt, trusting the source store's key."""
+    text = msgspec.json.encode(receipt).decode()
+    trust = source.identity().public_key
+    return handoff.accept(destination, prepared.document, prepared.digest, receipt=text, trust=trust)
+
+
+def moved(source: RunLedger, destination: RunLedger, worker: str, state: dict[str, Any], **options: Any) -> Any:
+    """Export, claim and import: the run moves from ``source`` to ``destination`` (the import's
+    verdict is checked by the caller); returns the prepared handoff and the import's verdict."""
+    prepared = exported(source, destination, worker, state, **options)
+    assert prepared.verdict.verdict == "accepted", prepared.verdict
+    return prepared, imported(destination, prepared, claimed(source, prepared, destination), source)
 
 
 def test_in_store_handoff_moves_the_lease_fences_the_source_and_binds_the_document(ledger: RunLedger) -> None:
@@ -197,10 +216,9 @@ def test_cross_store_chain_carries_cumulative_budgets_and_migrates_once_per_step
     reserved (charged) again, never refunded."""
     a, b, c = stores["A"], stores["B"], stores["C"]
     started(a)  # one reservation (3 fuel), one intent + observation, one transition
-    doc_ab = handoff.prepare(a, RUN, destination=to("w2"), state=STATE_V1, to_version=2)
-    imported = handoff.accept(b, doc_ab.document, doc_ab.digest)
-    assert imported.verdict == "accepted"
-    assert handoff.accept(b, doc_ab.document, doc_ab.digest).verdict == "duplicate"
+    doc_ab, into_b = moved(a, b, "w2", STATE_V1, to_version=2)
+    assert into_b.verdict == "accepted"
+    assert imported(b, doc_ab, claimed(a, doc_ab, b), a).verdict == "duplicate"  # claim and import, retried
     state_v2 = decode_document(doc_ab.document).state
     assert state_v2["attempts"] == 1  # the migration ran at export and its result travelled
 
@@ -208,9 +226,9 @@ def test_cross_store_chain_carries_cumulative_budgets_and_migrates_once_per_step
     if replay_at_b:
         on_b.ok(ReserveStage("stage-op-1", 3))  # re-running A's last stage at B reserves its fuel again
     on_b.work("op-2", state_v2)
-    doc_bc = handoff.prepare(b, RUN, destination=to("w3"), state=state_v2, to_version=3)
+    doc_bc, into_c = moved(b, c, "w3", state_v2, to_version=3)
     assert decode_document(doc_bc.document).predecessor_digest == doc_ab.digest
-    assert handoff.accept(c, doc_bc.document, doc_bc.digest).verdict == "accepted"
+    assert into_c.verdict == "accepted"
 
     at_c = c.state(RUN)
     per_hop = Usage(calls=1, stages=1, reserved_fuel=3, iterations=0)  # a stage counts when reserved
@@ -233,8 +251,8 @@ def test_a_second_document_for_the_same_predecessor_is_refused(stores: dict[str,
     """The destination store already continues the run from one document: another is successor_exists."""
     a, b = stores["A"], stores["B"]
     started(a)
-    doc = handoff.prepare(a, RUN, destination=to("w2"), state=STATE_V1)
-    assert handoff.accept(b, doc.document, doc.digest).verdict == "accepted"
+    doc, into_b = moved(a, b, "w2", STATE_V1)
+    assert into_b.verdict == "accepted"
     forged = decode_document(doc.document)
     other = msgspec.structs.replace(forged, destination=to("w9"), destination_worker="w9")
     data = encode_document(other)
@@ -250,9 +268,7 @@ def test_carried_usage_that_exhausts_a_ceiling_is_refused_at_the_destination(sto
     """Usage carried in that already reaches a ceiling leaves the destination nothing: refused, nothing stored."""
     a, c = stores["A"], stores["C"]
     started(a, Ceilings(calls=1))
-    doc = handoff.prepare(a, RUN, destination=to("w2"), state=STATE_V1)
-
-    verdict = handoff.accept(c, doc.document, doc.digest)
+    _, verdict = moved(a, c, "w2", STATE_V1)
 
     assert (verdict.verdict, verdict.reason) == ("rejected", "prior_usage_exhausts_destination")
     assert not c.state(RUN).opened

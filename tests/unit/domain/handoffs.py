@@ -4,13 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from baton.domain.budgets import Ceilings, Usage
 from baton.domain.checkpoint import PortableState
+from baton.domain.commands import AcceptHandoff
 from baton.domain.events import Placement
 from baton.domain.handoff_document import HandoffDocument, state_digest_of
 from baton.domain.migrations import migrate
+from baton.domain.receipts import ClaimReceipt
 
-__all__ = ["CEILINGS", "DESTINATION", "PREDECESSOR", "SOURCE", "USAGE", "V1_STATE", "checkpoint", "document"]
+__all__ = [
+    "CEILINGS",
+    "DESTINATION",
+    "DESTINATION_STORE",
+    "PREDECESSOR",
+    "SOURCE",
+    "SOURCE_STORE",
+    "USAGE",
+    "V1_STATE",
+    "checkpoint",
+    "claimed_import",
+    "document",
+]
 
 USAGE = Usage(calls=2, fuel=30, iterations=1, stages=3)
 CEILINGS = Ceilings(calls=10, fuel=100)
@@ -70,3 +86,17 @@ def document(**changes: Any) -> HandoffDocument:
         "destination_worker": "w-b",
     }
     return HandoffDocument(**{**fields, **changes})
+
+
+SOURCE_STORE, DESTINATION_STORE = "store-a", "store-b"
+
+
+def claimed_import(data: bytes | str, digest: str, run_id: str, *, for_store: str = DESTINATION_STORE) -> AcceptHandoff:
+    """The import of ``data`` with a claim receipt for ``for_store`` (the domain checks what a receipt
+    binds; its signature is the ledger's to verify, so here it is a placeholder)."""
+    receipt = ClaimReceipt(
+        run_id=run_id, document_digest=digest, for_store=for_store, source_store=SOURCE_STORE, position=9,
+        signature="checked-by-the-ledger",
+    )  # fmt: skip
+    text = data.decode() if isinstance(data, bytes) else data
+    return AcceptHandoff(text, digest, receipt=msgspec.json.encode(receipt).decode())

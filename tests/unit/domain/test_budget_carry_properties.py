@@ -20,7 +20,7 @@ from baton.domain.decide import context_digest, decide
 from baton.domain.handoff_document import document_digest, encode_document, local_allowance
 
 from .given import History, context, given
-from .handoffs import checkpoint, document
+from .handoffs import DESTINATION_STORE, checkpoint, claimed_import, document
 
 _small = st.integers(0, 60)
 
@@ -31,9 +31,14 @@ def within(usage: Usage, ceilings: Ceilings) -> bool:
 
 def imported(carried: Usage, ceilings: Ceilings) -> tuple[History, AcceptHandoff]:
     """An empty store's history of the run, and the import of the document carrying ``carried``."""
-    doc = document(usage=carried, ceilings=ceilings, checkpoint=checkpoint(usage=carried, ceilings=ceilings))
+    doc = document(
+        usage=carried,
+        ceilings=ceilings,
+        checkpoint=checkpoint(usage=carried, ceilings=ceilings),
+        destination_store=DESTINATION_STORE,
+    )
     data = encode_document(doc)
-    return given(run_id=doc.run_id), AcceptHandoff(data.decode(), document_digest(data))
+    return given(run_id=doc.run_id), claimed_import(data, document_digest(data), doc.run_id)
 
 
 @settings(max_examples=150, deadline=None)

@@ -29,6 +29,7 @@ from baton.domain.events import (
     CheckpointRecorded,
     Event,
     EvidenceRecorded,
+    HandoffConfirmed,
     IntentReconciled,
     IntentRecorded,
     LeaseExpired,
@@ -375,6 +376,7 @@ UNFENCED = {
     EvidenceRecorded,
     PolicySet,
     ThreadPurged,
+    HandoffConfirmed,  # the destination worker's word, after its lease in the source may have lapsed
 }
 REGISTRY = {RegistryOpened, PrincipalAdded, PrincipalRolesChanged, PrincipalRevoked}  # an operator's, no lease
 

@@ -48,6 +48,7 @@ from baton.projections.audit import CODES, Problem, audit_events, audit_stored
 from baton.projections.portable_state import portable_state
 
 from ..domain.given import RUN, W1, W2, W3, History, given, placement, seconds
+from ..domain.handoffs import DESTINATION_STORE, claimed_import
 
 OPERATOR = "operator"
 APPROVER = "alice"
@@ -98,8 +99,9 @@ def sealed(run: History | None = None, worker: str = W1) -> History:
     return history
 
 
-def document(history: History, destination: str) -> tuple[str, str]:
-    """The canonical document handing the run to ``destination`` from the log as it is now, and its digest."""
+def document(history: History, destination: str, to_store: str | None = None) -> tuple[str, str]:
+    """The canonical document handing the run to ``destination`` (in ``to_store``, another store)
+    from the log as it is now, and its digest."""
     run = history.state
     assert run.lease is not None
     checkpoint = portable_state(history.log)
@@ -120,14 +122,16 @@ def document(history: History, destination: str) -> tuple[str, str]:
         source_epoch=run.epoch,
         source_worker=run.lease.worker,
         destination_worker=destination,
+        destination_store=to_store if to_store is not None else msgspec.UNSET,
     )
     data = encode_document(doc)
     return data.decode(), document_digest(data)
 
 
-def prepared(history: History, destination: str = W2) -> tuple[str, str]:
-    """The holder prepares a handoff to ``destination``: HandoffPrepared + LeaseGranted in one append."""
-    data, digest = document(history, destination)
+def prepared(history: History, destination: str = W2, *, to_store: str | None = None) -> tuple[str, str]:
+    """The holder prepares a handoff to ``destination`` (in ``to_store``): HandoffPrepared + LeaseGranted
+    in one append."""
+    data, digest = document(history, destination, to_store)
     history.record(PrepareHandoff(data), worker=history.state.holder or "")
     return data, digest
 
@@ -159,9 +163,9 @@ def test_an_in_store_handoff_audits_clean() -> None:
 def test_an_imported_run_and_its_next_handoff_audit_clean() -> None:
     """Given a run imported into another store (its first event) and handed on from there, then no problem."""
     source = sealed()
-    data, digest = prepared(source)
+    data, digest = prepared(source, to_store=DESTINATION_STORE)
     target = given()
-    target.record(AcceptHandoff(data, digest), worker=W2)
+    target.record(claimed_import(data, digest, RUN), worker=W2)
     assert [e.type for e in target.log] == ["HandoffAccepted", "LeaseGranted"]
     sealed(target, worker=W2)
     data, digest = prepared(target, W3)
@@ -298,8 +302,8 @@ def test_the_lease_move_is_exempt_only_right_after_its_prepare_in_the_same_submi
 def test_an_imported_acceptance_after_the_first_event_is_a_duplicate_open() -> None:
     """Given an opened run, when an imported HandoffAccepted is stored in it, then duplicate_open there."""
     source = sealed()
-    data, digest = prepared(source)
-    (imported, _) = given().when(AcceptHandoff(data, digest), worker=W2)
+    data, digest = prepared(source, to_store=DESTINATION_STORE)
+    (imported, _) = given().when(claimed_import(data, digest, RUN), worker=W2)
     history = given().opened().leased(W1)
     at = forge(history, imported, worker=W2, epoch=2)
 
