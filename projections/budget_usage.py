@@ -3,6 +3,11 @@
 A pure fold over events in any global order that keeps each run's events in position order
 (the notification log does). Each event's charge is attributed to the worker that appended it,
 to the model and provider of the lease in force at that moment, and to its UTC day.
+
+A run imported from another store opens with ``HandoffAccepted(imported=True)``, whose ``carried``
+usage is what the run spent before it came here: the run's usage is carried + local (what a resume
+reports), so the fold counts ``carried`` as that event's charge. An in-store acceptance carries
+nothing new: its usage was charged by this very log.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from baton.domain.budgets import Usage
-from baton.domain.events import LeaseGranted, Placement, RecordedEvent
+from baton.domain.events import Event, HandoffAccepted, LeaseGranted, Placement, RecordedEvent
 
 __all__ = ["DIMENSIONS", "BudgetUsageFold", "Dimension", "budget_usage"]
 
@@ -40,7 +45,7 @@ class BudgetUsageFold:
         body = event.body
         if isinstance(body, LeaseGranted):
             self.placements[event.run_id] = body.placement
-        charge: Usage | None = getattr(body, "charge", None)
+        charge = _charge(body)
         if charge is None or charge == _NOTHING:
             return
         placement = self.placements.get(event.run_id)
@@ -67,6 +72,14 @@ class BudgetUsageFold:
 
     def by(self, dimension: Dimension) -> dict[str, Usage]:
         return {key: usage for (dim, key), usage in sorted(self.rows.items()) if dim == dimension}
+
+
+def _charge(body: Event) -> Usage | None:
+    """What ``body`` adds to its run's usage in this store."""
+    if isinstance(body, HandoffAccepted):
+        return body.carried if body.imported else None
+    charge: Usage | None = getattr(body, "charge", None)
+    return charge
 
 
 def _day(recorded_at: int) -> str:

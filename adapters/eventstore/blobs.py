@@ -3,7 +3,9 @@
 
 A blob is written before the event that references it, or (PostgreSQL) in the same statement as
 its append (``insert_clause``); its key is the SHA-256 of its bytes, so a blob whose event never
-committed is a harmless orphan and a retry writes nothing new. Blobs are the
+committed is a harmless orphan and a retry writes nothing new. A handoff's document and migrated
+state are written by the append itself, in its transaction on both backends, keyed by the
+domain-separated digest their event names (``domain.generation_zero``). Blobs are the
 only rows Baton ever deletes, and only by an audited purge (docs/langgraph.md).
 
 In PostgreSQL the connection commits with ``synchronous_commit = off``: the event that references a

@@ -47,8 +47,9 @@ class FencedRecorder(Protocol):
 
     ``insert_events(events, fences=..., submissions=..., blobs=...)`` locks the run rows of ``fences``
     (in run id order), checks and updates each one, inserts the submission rows, the blobs the events
-    reference (digest to bytes, into ``baton_blobs``) and then the events, all in one transaction; it raises ``FenceViolation``, ``DuplicateSubmission`` or ``AppendConflict``
-    (all ``IntegrityError``) with nothing stored, and the library's ``OperationalError`` or
+    reference (digest to bytes, into ``baton_blobs``) and then the events, all in one transaction;
+    it raises ``FenceViolation``, ``DuplicateSubmission`` or ``AppendConflict`` (all ``IntegrityError``)
+    with nothing stored, and the library's ``OperationalError`` or
     ``InterfaceError`` when the store cannot be reached.
     """
 

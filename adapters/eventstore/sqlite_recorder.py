@@ -122,7 +122,8 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
         if not digests:
             return {}
         with self.datastore.transaction(commit=False) as c:
-            c.execute(f"SELECT digest, data FROM baton_blobs WHERE digest IN ({','.join('?' * len(digests))})", [*digests])
+            marks = ",".join("?" * len(digests))
+            c.execute(f"SELECT digest, data FROM baton_blobs WHERE digest IN ({marks})", [*digests])
             return {row[0]: bytes(row[1]) for row in c.fetchall()}
 
     def select_store_identity(self) -> StoreIdentity | None:

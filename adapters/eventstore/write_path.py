@@ -177,7 +177,9 @@ class WritePath:
                 if not isinstance(draft, _Draft):
                     return draft
                 try:
-                    self.store.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, blobs=draft.blobs)
+                    self.store.insert_events(
+                        draft.stored, fences=draft.fences, submissions=draft.rows, blobs=draft.blobs
+                    )
                 except (DuplicateSubmission, FenceViolation, AppendConflict) as failure:
                     return None if all_or_nothing else self._after_failed_append(batch[0], failure)
             except (OperationalError, InterfaceError) as exc:  # reads included: a verdict, or this

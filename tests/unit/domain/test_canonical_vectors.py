@@ -378,15 +378,21 @@ def test_other_spellings_of_a_schema_integer_are_refused(stored: object) -> None
 
 
 def test_a_body_stored_before_a_field_was_added_keeps_its_canonical_bytes() -> None:
-    """Given bodies as an earlier release stored them (no ``reconciled_by``, ``session``, ``session_gone``),
-    when decoded and encoded canonically again, then the bytes are the ones their digests were made over."""
+    """Given bodies as an earlier release stored them (no ``reconciled_by``, ``session``, ``session_gone``,
+    no generation-zero ``migration_id``/``from_schema``/``from_version``), when decoded and encoded
+    canonically again, then the bytes are the ones their digests were made over."""
     placement = Placement("w", model="m")
+    state_ref = {"digest": "sha256:" + "5" * 64, "size": 12, "uri": "handoff:sha256:" + "d" * 64 + "#state"}
     stored = [
         {"type": "IntentReconciled", "op_id": "op-1", "resolution": "applied", "evidence": "log",
          "charge": msgspec.to_builtins(Usage()), "result": None, "result_ref": None},
         {"type": "LeaseGranted", "worker": "w", "epoch": 1, "placement": msgspec.to_builtins(placement),
          "expires_at": 5},
         {"type": "LeaseExpired", "worker": "w", "epoch": 1, "expired_at": 5},
+        {"type": "HandoffAccepted", "document_digest": "sha256:" + "d" * 64, "source_epoch": 1,
+         "release_id": "rel-1", "schema_name": "coding-agent", "schema_version": 2, "state_ref": state_ref,
+         "carried": msgspec.to_builtins(Usage(calls=2)), "ceilings": msgspec.to_builtins(Ceilings(calls=10)),
+         "stage": "CANDIDATE_READY", "imported": True, "predecessor_digest": None},
     ]  # fmt: skip
     for plain in stored:
         decoded = msgspec.convert(plain, EVENT_TYPES[plain["type"]])
