@@ -109,6 +109,7 @@ def fenced_work(s: AuditState, e: RecordedEvent) -> None:
         and e.epoch >= s.epoch
         and s.opened
         and s.terminal is None
+        and s.claimed is None
         and s.pending is None
     ):
         return
@@ -147,7 +148,7 @@ RULES: dict[type[Any], tuple[Rule, ...]] = {
     HandoffPrepared: (*_WORK, handoff.prepared),
     HandoffAccepted: (handoff.accepted,),  # fenced unless imported: the rule decides
     HandoffAborted: (run.fenced, handoff.aborted),
-    HandoffClaimed: (run.fenced,),  # by the destination worker, which the prepare gave the lease
+    HandoffClaimed: (run.fenced, handoff.claimed),  # by the destination worker, which the prepare gave the lease
     RunCompleted: (*_WORK, run.completed),
     RunFailed: (run.fenced, run.ended),
     # a LangGraph thread's checkpoints and writes (adapters/langgraph), the holder's work too

@@ -18,6 +18,11 @@ from baton.projections.audit_state import AuditState, PendingHandoff
 __all__ = ["aborted", "accepted", "not_pending", "prepared"]
 
 
+def claimed(s: AuditState, e: RecordedEvent) -> None:
+    """From a claim on, the run continues in the store it was claimed for (``after_claim`` otherwise)."""
+    s.claimed = e.position
+
+
 def not_pending(s: AuditState, e: RecordedEvent) -> None:
     """While a handoff is prepared, the holder may only accept or abort it (renew, release, fail)."""
     pending = s.pending

@@ -16,6 +16,7 @@ from baton.domain.decide import context_digest
 from baton.domain.events import (
     CheckpointSealed,
     HandoffAccepted,
+    HandoffConfirmed,
     IntentRecorded,
     LeaseExpired,
     LeaseGranted,
@@ -81,6 +82,8 @@ def unfinished_erasure(s: AuditState, tombstone: int) -> None:
 def lifecycle(s: AuditState, e: RecordedEvent) -> None:
     if s.terminal is not None and not _erasure(s, e):
         s.report("after_terminal", f"{e.type} after the run ended at position {s.terminal}")
+    if s.claimed is not None and not isinstance(e.body, HandoffConfirmed):
+        s.report("after_claim", f"{e.type} after the handoff was claimed for another store at {s.claimed}")
     if not s.opened and not (
         isinstance(e.body, RunOpened | RegistryOpened) or (isinstance(e.body, HandoffAccepted) and e.body.imported)
     ):

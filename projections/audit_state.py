@@ -51,6 +51,7 @@ CODES: dict[str, str] = {
     "not_opened": "an event before RunOpened",
     "duplicate_open": "RunOpened again, or an imported HandoffAccepted that is not the run's first event",
     "after_terminal": "an event after RunCompleted or RunFailed",
+    "after_claim": "an event in the source after its handoff was claimed for another store (but HandoffConfirmed)",
     # ownership
     "stale_epoch": "an event from an epoch below the run's current epoch",
     "not_lease_holder": "a fenced event from a worker that did not hold the lease at its epoch",
@@ -137,6 +138,7 @@ class AuditState:
 
     __slots__ = (
         "approvals",
+        "claimed",
         "dropped",
         "epoch",
         "erasing",
@@ -169,6 +171,7 @@ class AuditState:
         self.opened = False
         self.release_id = ""
         self.terminal: int | None = None
+        self.claimed: int | None = None  # the HandoffClaimed: the run lives in another store from there
         self.erasing: int | None = None  # a purge's tombstone after the end, until its ThreadPurged
         self.stage = Stage.GENERATING
         self.epoch = 0

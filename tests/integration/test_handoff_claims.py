@@ -17,8 +17,11 @@ from test_handoff import STATE_V1, Worker, claimed, exported, imported, started
 
 from baton.adapters import handoff
 from baton.adapters.eventstore import RunLedger
-from baton.domain.commands import AbortHandoff, AcceptHandoff, ReserveStage, Submission
+from baton.domain.chain import seal
+from baton.domain.commands import AbortHandoff, AcceptHandoff, RenewLease, ReserveStage, Submission
+from baton.domain.events import LeaseRenewed
 from baton.domain.receipts import ClaimReceipt
+from baton.projections.audit import audit_events
 
 _runs = itertools.count()
 
@@ -136,3 +139,27 @@ def test_one_successor_whatever_the_order_of_claims_imports_retries_and_aborts(s
             max_examples=12, stateful_step_count=6, deadline=None, suppress_health_check=list(HealthCheck)
         ),
     )
+
+
+def test_the_source_audits_clean_after_a_claim_and_an_event_forged_after_it_is_found(
+    stores: dict[str, RunLedger],
+) -> None:
+    """Given a run claimed in A for B and confirmed, then A's log audits clean; when an event is appended
+    after the claim behind the ledger's back (the claim ignored), then the audit says after_claim there."""
+    a, b = stores["A"], stores["B"]
+    started(a, run_id="r-audit")
+    prepared = exported(a, b, "w2", STATE_V1, run_id="r-audit")
+    assert imported(b, prepared, claimed(a, prepared, b), a).verdict == "accepted"
+    assert handoff.confirm(a, "r-audit", prepared.digest, 1).verdict == "accepted"
+    log = list(a.history("r-audit"))
+    assert audit_events("r-audit", log) == []
+    assert handoff.status(a, "r-audit").said.startswith(f"handed off to {b.identity().store_id}")
+
+    renewed = seal(
+        "r-audit", log[-1].position, log[-1].digest, Submission("late", "r-audit", "w2", RenewLease(), log[-1].epoch),
+        log[-1].epoch, [LeaseRenewed("w2", log[-1].epoch, log[-1].recorded_at + 1)], log[-1].recorded_at,
+    )  # fmt: skip
+
+    assert {(p.position, p.code) for p in audit_events("r-audit", [*log, *renewed])} == {
+        (renewed[0].position, "after_claim")
+    }
