@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from baton.adapters.claims import sign_receipt
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.eventstore.claims import sign_receipt
 from baton.adapters.identity import SigningKey
 from baton.domain import authority, errors
 from baton.domain.authority import GateDecision

@@ -15,8 +15,8 @@ from typing import NamedTuple, cast
 
 from eventsourcing.persistence import InterfaceError, OperationalError, PersistenceError, StoredEvent
 
-from baton.adapters.claims import check_claim
 from baton.adapters.clock import Clock
+from baton.adapters.eventstore.claims import check_claim
 from baton.adapters.eventstore.content_digest import same_content, submission_digest
 from baton.adapters.eventstore.fenced import (
     MAX_EVENTS_PER_APPEND,
