@@ -2,9 +2,10 @@
 
 The audit reads the stored bytes of every run in one ordered scan (``originator_id``, then
 position), feeds them to ``projections.audit.AuditFold`` one run at a time and anchors each run's
-head to its run row (and its other columns, and its last submission row, to the log); a large PostgreSQL store is split into key ranges of whole runs, one process
-each, joined in key order, so the report is the one a single process gives. A run's stored resume
-snapshots are handed to its fold, which compares each with the fold at its position.
+head to its run row, and compares the row's other columns and the run's last submission row with
+the log; a large PostgreSQL store is split into key ranges of whole runs, one process each, joined
+in key order, so the report is the one a single process gives. A run's stored resume snapshots are
+handed to its fold, which compares each with the fold at its position.
 """
 
 from __future__ import annotations
@@ -31,14 +32,24 @@ from baton.adapters.eventstore.audit_reader import (
     stored_snapshots,
 )
 from baton.adapters.eventstore.fenced import RunRow
+from baton.adapters.export import check_statement
 from baton.adapters.identity import RegistryHistory
 from baton.domain.errors import BatonError, StoreUnavailable
 from baton.domain.events import RecordedEvent
+from baton.domain.export_head import HEAD_STATEMENT
 from baton.domain.identity import REGISTRY_RUN
 from baton.projections.audit import AuditFold, Problem
 from baton.projections.audit_anchors import LastSubmission, RowClaims
 
-__all__ = ["AUDIT_ERRORS", "DEFAULT_JOBS", "PARALLEL_MIN_EVENTS", "AuditReport", "audit_store", "verify_export"]
+__all__ = [
+    "AUDIT_ERRORS",
+    "DEFAULT_JOBS",
+    "PARALLEL_MIN_EVENTS",
+    "AuditReport",
+    "ExportReport",
+    "audit_store",
+    "verify_export",
+]
 
 PARALLEL_MIN_EVENTS = 50_000  # below this, starting worker processes costs more than they save
 # One process more than the CPUs (at most 4): a process waiting for its next chunk of rows from the
@@ -214,30 +225,45 @@ def _audit_part(store: str, key_range: KeyRange, anchors: _Anchors) -> tuple[Aud
         raise StoreUnavailable(f"audit worker for {key_range}: {exc}") from None
 
 
-class _RunOf(msgspec.Struct):
+class ExportReport(AuditReport):
+    """An export's verification: the audit's report, and what became of its head statement."""
+
+    # "verified" with the trusted key, "unchecked" (no --trust), "missing", "invalid"
+    head_statement: str = "missing"
+    store_id: str = ""  # the store the head statement names
+
+
+class _Line(msgspec.Struct):
     run_id: str = ""
+    statement: str = ""  # set on the head statement, the export's last line
 
 
-_run_of = msgspec.json.Decoder(_RunOf)
+_line = msgspec.json.Decoder(_Line)
 _envelope = msgspec.json.Decoder(RecordedEvent, strict=False)
 
 
-def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditReport:
-    """Verify an export with no store: chain, digests and the audit rules over its lines.
+def verify_export(lines: BinaryIO, *, expect_head: str | None = None, trust: str | None = None) -> ExportReport:
+    """Verify an export with no store: chain, digests and the audit rules over its lines, and its end
+    against the head statement the store signed (``adapters.export``), with the key ``trust`` if given.
 
     An export of a signed store starts with the registry's stream (``baton export`` writes it
     first); its events give each following event's author and key, so every signature is checked
     offline. ``expect_head`` anchors the last run of the file (the exported one).
     """
-    report = AuditReport()
+    report = ExportReport()
     fold: AuditFold | None = None
     history: RegistryHistory | None = None
     registry: list[RecordedEvent] = []
     finished: list[AuditFold] = []
+    statement: bytes | None = None
     for line in lines:
         if not line.strip():
             continue
-        run_id = _run_of.decode(line).run_id
+        head = _line.decode(line)
+        if head.statement == HEAD_STATEMENT:
+            statement = line  # the last one stands: events after it must agree with it too
+            continue
+        run_id = head.run_id
         if fold is None or run_id != fold.run_id:
             if fold is not None:
                 finished.append(fold)
@@ -254,8 +280,12 @@ def verify_export(lines: BinaryIO, *, expect_head: str | None = None) -> AuditRe
         report.problems.extend(earlier.finish())
     anchor = (fold.head, expect_head) if expect_head is not None else None
     report.problems.extend(fold.finish(anchor))
-    report.runs_checked = len(finished) + 1
-    report.events_checked = fold.events + sum(f.events for f in finished)
+    every = [*finished, fold]
+    checked = check_statement(statement, [(f.run_id, f.head, f.head_digest) for f in every], trust)
+    report.problems.extend(checked.problems)
+    report.head_statement, report.store_id = checked.status, checked.store_id
+    report.runs_checked = len(every)
+    report.events_checked = sum(f.events for f in every)
     report.identities_verified = history is not None and history.required
     report.ok = not report.problems
     return report

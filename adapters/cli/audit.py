@@ -13,23 +13,34 @@ from pathlib import Path
 import click
 import msgspec
 
-from baton.adapters.audit_runner import AUDIT_ERRORS, DEFAULT_JOBS, AuditReport, audit_store, verify_export
+from baton.adapters.audit_runner import (
+    AUDIT_ERRORS,
+    DEFAULT_JOBS,
+    AuditReport,
+    ExportReport,
+    audit_store,
+    verify_export,
+)
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.cli.app import Failed, could_not
 from baton.adapters.cli.options import echo_json, json_option, store_option
 from baton.adapters.eventstore import RunLedger
-from baton.adapters.eventstore.audit_reader import stored_rows
+from baton.adapters.eventstore.store_identity import raw_public_key
+from baton.adapters.export import write_export
 from baton.adapters.report import render_html
 from baton.adapters.views import ProgressLine
-from baton.domain.canonical import canonical_bytes
-from baton.domain.identity import REGISTRY_RUN
 from baton.projections.explain import explain as explain_run
 from baton.projections.report import ReportFold
 
 __all__ = ["COMMANDS", "PROGRESS_MIN_EVENTS"]
 
 PROGRESS_MIN_EVENTS = 10_000  # below this an audit takes well under a second: no bar
-_generic = msgspec.json.Decoder()
+_STATEMENT = {
+    "verified": "head statement: signed by {0}, verified with the trusted key",
+    "unchecked": "head statement: signed by {0}, not checked against a trusted key (give --trust STORE_PUB)",
+    "missing": "head statement: none, so nothing vouches for where the export ends",
+    "invalid": "head statement: does not verify",
+}
 
 
 def _print_report(report: AuditReport, as_json: bool) -> int:
@@ -42,6 +53,8 @@ def _print_report(report: AuditReport, as_json: bool) -> int:
         click.echo(
             "identities verified: every signature checked" if report.identities_verified else "identities not verified"
         )
+        if isinstance(report, ExportReport):
+            click.echo(_STATEMENT[report.head_statement].format(report.store_id))
         click.echo(f"audited {report.runs_checked} runs, {report.events_checked} events: {verdict}")
     return 0 if report.ok else 1
 
@@ -103,42 +116,43 @@ def explain(run_id: str, at: int | None, as_json: bool, store: str | None) -> in
 
 
 @click.command("export")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
+@click.option("--all", "every", is_flag=True, help="every run in the store")
 @click.option("--format", type=click.Choice(["jsonl"]), default="jsonl", expose_value=False, help="JSON Lines")
 @click.option("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
 @store_option
-def export(run_id: str, output: str | None, store: str | None) -> int:
-    """A run's full history, canonical JSON Lines.
+def export(run_id: str | None, every: bool, output: str | None, store: str | None) -> int:
+    """A run's (or every run's) full history, canonical JSON Lines, ending in the store's signed head statement.
 
     One canonical envelope per line, digest included: removing ``digest`` gives the hashed bytes.
     In a signed store the registry's stream comes first, so verify-export checks every signature.
+    The last line states each stream's head, signed with the store's key (`baton store id`).
     """
-    written = 0
+    if (run_id is None) == (not every):
+        raise Failed("give a RUN_ID or --all (not both)")
     with (
         could_not("export", (*AUDIT_ERRORS, TypeError, ValueError)),
         contextlib.closing(open_ledger(store, one_shot=True)) as ledger,
-        click.open_file(output or "-", "wb") as out,
     ):
-        streams = ([REGISTRY_RUN] if ledger.state(REGISTRY_RUN).signatures_required else []) + [run_id]
-        for stream_id in dict.fromkeys(streams):
-            with contextlib.closing(stored_rows(ledger, stream_id)) as stream:
-                for _, data in stream:
-                    out.write(canonical_bytes(_generic.decode(data)))
-                    written += stream_id == run_id
-    if not written:
-        raise Failed(f"no events for run {run_id!r}")
+        write_export(ledger, run_id, lambda: click.open_file(output or "-", "wb"))
     return 0
 
 
 @click.command("verify-export")
 @click.argument("file", metavar="FILE")
+@click.option("--trust", metavar="STORE_PUB", help="the store's public key, as `baton store id` prints it")
 @click.option("--expect-head", metavar="DIGEST", help="the head digest from a trusted channel")
 @json_option
-def verify_export_file(file: str, expect_head: str | None, as_json: bool) -> int:
-    """Verify an export with no store access."""
+def verify_export_file(file: str, trust: str | None, expect_head: str | None, as_json: bool) -> int:
+    """Verify an export with no store access: its chain, and with --trust the store's signed head statement."""
+    if trust is not None:
+        try:
+            raw_public_key(trust)
+        except ValueError as exc:
+            raise Failed(f"--trust: {exc}") from None
     try:
         with Path(file).open("rb") as lines:
-            report = verify_export(lines, expect_head=expect_head)
+            report = verify_export(lines, expect_head=expect_head, trust=trust)
     except (OSError, msgspec.DecodeError) as exc:
         raise Failed(f"cannot read {file}: {exc}") from None
     if report.events_checked == 0:

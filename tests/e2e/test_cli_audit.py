@@ -8,12 +8,15 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_cli import baton, lines, rewrite_worker
 
 from baton.adapters.cli import audit as cli_audit
 from baton.adapters.cli import main
+from baton.adapters.eventstore.store_identity import new_identity
 from baton.domain.chain import envelope_digest
+from baton.domain.export_head import HeadStatement, StreamHead, signed_bytes, statement_line
 
 
 def in_process(*args: str) -> tuple[int, str]:
@@ -99,7 +102,8 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
     assert baton(demo_dir, "export", run_id, "--format", "jsonl", "-o", str(export)).returncode == 0
     every = [json.loads(line) for line in export.read_text().splitlines()]
     assert [row["run_id"] for row in every[:4]] == ["baton:registry"] * 4
-    rows = every[4:]
+    rows, statement = every[4:-1], every[-1]
+    assert statement["statement"] == "baton.export-head.v1"
     assert [row["position"] for row in rows] == [str(n) for n in range(1, 24)]  # canonical: integers as strings
     history = lines(baton(demo_dir, "history", run_id, "--json").stdout)
     assert [row["digest"] for row in rows] == [h["digest"] for h in history]
@@ -112,6 +116,8 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
         "events_checked": 27,
         "problems": [],
         "identities_verified": True,  # every signature checked against the registry in the file
+        "head_statement": "unchecked",  # signed, but no --trust key to check it against
+        "store_id": statement["store_id"],
     }
 
     text = export.read_text().splitlines(keepends=True)
@@ -169,17 +175,134 @@ def test_progress_bar_with_rate_on_a_terminal_and_never_with_json(
 
 def test_a_forged_signature_in_an_export_is_found_offline(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
     """Given an export whose last event got another event's signature and a re-sealed digest (its chain
-    still verifies), when verified with no store, then bad_signature names its position."""
+    still verifies), when verified with no store, then bad_signature names its position (and the re-sealed
+    head is not the one the store stated)."""
     export = tmp_path / "run.jsonl"
     assert baton(demo_dir, "export", run_id, "--format", "jsonl", "-o", str(export)).returncode == 0
-    text = export.read_text().splitlines()
+    *text, statement = export.read_text().splitlines()
     last, earlier = json.loads(text[-1]), json.loads(text[-2])
     last["signature"] = earlier["signature"]
     del last["digest"]
     last["digest"] = envelope_digest(last)
-    export.write_text("\n".join([*text[:-1], json.dumps(last)]) + "\n")
+    export.write_text("\n".join([*text[:-1], json.dumps(last), statement]) + "\n")
 
     failed = baton(tmp_path, "verify-export", str(export), "--json")
 
     assert failed.returncode == 1
-    assert [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]] == [(23, "bad_signature")]
+    found = [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]]
+    assert found == [(23, "bad_signature"), (23, "head_mismatch")]
+
+
+# -- the head statement the store signs at the end of an export ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def store_key(demo_dir: Path) -> str:
+    """The demo store's public key, as `baton store id` prints it: the key a verifier trusts."""
+    return str(json.loads(baton(demo_dir, "store", "id", "--json").stdout)["public_key"])
+
+
+def exported(demo_dir: Path, run_id: str, tmp_path: Path) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """The demo run's export: its envelopes (the registry's first) and its head statement."""
+    export = tmp_path / "run.jsonl"
+    assert baton(demo_dir, "export", run_id, "-o", str(export)).returncode == 0
+    *events, statement = (json.loads(line) for line in export.read_text().splitlines())
+    return events, statement
+
+
+def verified(tmp_path: Path, lines: list[dict[str, object]], *args: str) -> tuple[int, dict[str, object]]:
+    """verify-export --json of these lines, written as they are (the file's own spelling does not matter)."""
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out = in_process("verify-export", str(path), "--json", *args)
+    return code, json.loads(out)
+
+
+def codes(report: dict[str, object]) -> list[tuple[str, int, str]]:
+    problems = report["problems"]
+    assert isinstance(problems, list)
+    return [(p["run_id"], p["position"], p["code"]) for p in problems]
+
+
+def test_a_signed_export_verifies_with_the_stores_key(
+    demo_dir: Path, run_id: str, store_key: str, tmp_path: Path
+) -> None:
+    """Given an export, when verified with --trust and the store's public key, then the statement is verified
+    and names every stream's head; without --trust the output says it was not checked, and passes."""
+    events, statement = exported(demo_dir, run_id, tmp_path)
+    assert statement["public_key"] == store_key
+    assert statement["scope"] == "run"
+    assert statement["heads"] == [
+        {"run_id": "baton:registry", "position": "4", "digest": events[3]["digest"]},
+        {"run_id": run_id, "position": "23", "digest": events[-1]["digest"]},
+    ]
+
+    code, report = verified(tmp_path, [*events, statement], "--trust", store_key)
+    assert (code, report["ok"], report["head_statement"]) == (0, True, "verified")
+
+    plain = baton(tmp_path, "verify-export", str(tmp_path / "run.jsonl"))
+    assert plain.returncode == 0, plain.stdout
+    assert "not checked against a trusted key" in plain.stdout
+
+    every = tmp_path / "all.jsonl"
+    assert baton(demo_dir, "export", "--all", "-o", str(every)).returncode == 0
+    whole = json.loads(every.read_text().splitlines()[-1])
+    assert whole["scope"] == "store"
+    assert [head["run_id"] for head in whole["heads"]] == ["baton:registry", run_id]
+    assert in_process("verify-export", str(every), "--trust", store_key)[0] == 0
+
+
+def test_a_cut_tail_is_refused(demo_dir: Path, run_id: str, store_key: str, tmp_path: Path) -> None:
+    """Given an export whose last two events were removed (the chain that is left still verifies), when verified
+    with --trust, then tail_cut at the first missing position, exit 1; the chain alone would have passed."""
+    events, statement = exported(demo_dir, run_id, tmp_path)
+
+    code, report = verified(tmp_path, [*events[:-2], statement], "--trust", store_key)
+
+    assert code == 1
+    assert codes(report) == [(run_id, 22, "tail_cut")]
+    assert verified(tmp_path, events[:-2])[0] == 0  # without the statement nothing tells a short chain
+    code, report = verified(tmp_path, events[:-2], "--trust", store_key)  # nor with the statement dropped
+    assert (code, codes(report)) == (1, [(run_id, 21, "head_unsigned")])
+
+
+def test_a_rechained_export_is_refused(demo_dir: Path, run_id: str, store_key: str, tmp_path: Path) -> None:
+    """Given an export with event 10 rewritten and every event from there sealed again (digests and links: a
+    valid chain, signatures untouched), when verified with --trust, then head_mismatch at 23, exit 1."""
+    events, statement = exported(demo_dir, run_id, tmp_path)
+    rechained = [dict(event) for event in events]
+    for index in range(4 + 9, len(rechained)):
+        event = rechained[index]
+        if index == 4 + 9:
+            event["recorded_at"] = str(int(str(event["recorded_at"])) + 1)
+        event["prev_digest"] = rechained[index - 1]["digest"]
+        del event["digest"]
+        event["digest"] = envelope_digest(event)
+    assert verified(tmp_path, rechained)[0] == 0  # the chain alone holds
+
+    code, report = verified(tmp_path, [*rechained, statement], "--trust", store_key)
+
+    assert code == 1
+    assert codes(report) == [(run_id, 23, "head_mismatch")]
+
+
+def test_a_statement_signed_by_another_key_is_refused(
+    demo_dir: Path, run_id: str, store_key: str, tmp_path: Path
+) -> None:
+    """Given a cut export with a new statement for its shorter heads, signed by another key (naming that key,
+    or the store's), when verified with --trust and the store's key, then head_signature_invalid, exit 1."""
+    events, _ = exported(demo_dir, run_id, tmp_path)
+    kept = events[:-2]
+    heads = (StreamHead("baton:registry", 4, str(kept[3]["digest"])), StreamHead(run_id, 21, str(kept[-1]["digest"])))
+    forger = new_identity()
+    for named in (forger.public_key, store_key):
+        unsigned = HeadStatement(forger.store_id, named, 1, "run", heads)
+        forged = msgspec.structs.replace(unsigned, signature=forger.sign(signed_bytes(unsigned)))
+
+        code, report = verified(tmp_path, [*kept, json.loads(statement_line(forged))], "--trust", store_key)
+
+        assert code == 1
+        assert codes(report) == [(run_id, 21, "head_signature_invalid")]
+        assert report["head_statement"] == "invalid"
+    bad_key = baton(tmp_path, "verify-export", str(tmp_path / "run.jsonl"), "--trust", "ed25519:nonsense")
+    assert bad_key.returncode == 2

@@ -22,7 +22,7 @@ from baton.domain.budgets import Usage
 from baton.domain.canonical import canonical_bytes
 from baton.domain.chain import seal
 from baton.domain.commands import RecordIntent, RecordObservation, RecordTransition, ReleaseLease, Submission
-from baton.domain.decide import context_digest
+from baton.domain.decide import context_digest, decide
 from baton.domain.events import IntentRecorded, RecordedEvent
 from baton.domain.stages import Stage
 from baton.projections.audit import Problem
@@ -110,7 +110,8 @@ def test_one_changed_byte_is_a_digest_mismatch_at_its_position(ledgers: LedgerFa
 
 def test_deleted_events_are_a_gap_or_a_head_mismatch(ledgers: LedgerFactory, store: RawStore) -> None:
     """Given a valid store, when event 3 of one run and the last event of another are deleted, then position_gap
-    at 3 in the first, and head_mismatch at 5 in the second (its shorter chain still verifies)."""
+    at 3 in the first, and head_mismatch at 5 in the second (its shorter chain still verifies), where the
+    deleted event's submission row points past the log's head."""
     prepared(ledgers)
     delete = f"DELETE FROM {store.events_table} WHERE originator_id = ? AND originator_version = ?"
 
@@ -118,7 +119,7 @@ def test_deleted_events_are_a_gap_or_a_head_mismatch(ledgers: LedgerFactory, sto
 
     report = audit_store(ledgers())
     problems = [(p.run_id, p.position, p.code) for p in report.problems]
-    assert [p for p in problems if p[0] == OTHER] == [(OTHER, 5, "head_mismatch")]
+    assert [p for p in problems if p[0] == OTHER] == [(OTHER, 5, "head_mismatch"), (OTHER, 5, "submission_past_head")]
     assert next(p for p in problems if p[0] == RUN) == (RUN, 3, "position_gap")
 
 
@@ -149,7 +150,7 @@ def test_a_forged_suffix_rechained_without_the_original_predecessor(ledgers: Led
 
 def test_an_event_from_a_stale_epoch_inserted_directly(ledgers: LedgerFactory, store: RawStore) -> None:
     """Given B took epoch 2 from A, when A's epoch-1 intent is inserted (correctly chained) past the fence, then
-    stale_epoch at that position, and the run row does not know it."""
+    stale_epoch at that position, and neither the run row nor the submission rows know it."""
     clock = ManualClock(T0)
     ledger = ledgers(clock)
     short_run(ledger)
@@ -165,7 +166,11 @@ def test_an_event_from_a_stale_epoch_inserted_directly(ledgers: LedgerFactory, s
 
     problems = audited(ledgers)
     assert first(problems) == (8, "stale_epoch")
-    assert {(p.position, p.code) for p in problems} == {(8, "stale_epoch"), (8, "head_mismatch")}
+    assert {(p.position, p.code) for p in problems} == {
+        (8, "stale_epoch"),
+        (8, "head_mismatch"),
+        (8, "submission_mismatch"),
+    }
 
 
 def intent_recorded(command: RecordIntent) -> IntentRecorded:
@@ -223,3 +228,51 @@ def test_the_read_streams_every_row_in_order_and_a_read_closed_early_leaves_the_
         assert next(stream)[0] == min(RUN, OTHER)
     assert len(list(stored_rows(ledger))) == 10
     assert audit_store(ledger).ok
+
+
+# -- the store's rows beside the log: a cut with the run row fixed up -------------------------------
+
+
+def fix_up_run_row(store: RawStore, run_id: str, head: int, **columns: object) -> tuple[str, tuple[object, ...]]:
+    """The run row set to end at ``head`` (its digest from the event there), and any other columns given."""
+    digest = msgspec.json.decode(store.state_bytes(run_id, head))["digest"]
+    names = ["head", "head_digest", *columns]
+    assignments = ", ".join(f"{name} = ?" for name in names)
+    return f"UPDATE baton_runs SET {assignments} WHERE run_id = ?", (head, digest, *columns.values(), run_id)
+
+
+def test_a_cut_tail_with_the_run_row_fixed_up_is_found_by_the_submission_rows(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given events 4-5 deleted and the run row set to end at 3 with 3's digest (the anchor agrees with the
+    shorter chain), then submission_past_head at 4 (5's submission row still points there), and run_row_mismatch
+    at 3 while the row keeps the stage the deleted transition reached; fixed up too, only the submission row."""
+    prepared(ledgers)
+    delete = f"DELETE FROM {store.events_table} WHERE originator_id = ? AND originator_version >= ?"
+    tampered(store, (delete, (RUN, 4)))
+    store.execute(fix_up_run_row(store, RUN, 3))
+
+    problems = audited(ledgers)
+
+    assert [(p.position, p.code) for p in problems] == [(3, "run_row_mismatch"), (4, "submission_past_head")]
+    assert "stage 'CANDIDATE_READY' (the log: 'GENERATING')" in problems[0].detail
+    assert "position 5; the log ends at 3" in problems[1].detail
+
+    store.execute(fix_up_run_row(store, RUN, 3, stage="GENERATING"))
+
+    assert [(p.position, p.code) for p in audited(ledgers)] == [(4, "submission_past_head")]
+
+
+def test_events_added_behind_the_ledger_with_the_run_row_fixed_up_have_no_submission_row(
+    ledgers: LedgerFactory, store: RawStore
+) -> None:
+    """Given a correctly chained event inserted after the head and the run row moved to it, then
+    submission_mismatch at 6: no submission the ledger accepted recorded it."""
+    ledger = prepared(ledgers)
+    head = ledger.state(RUN)
+    submission = Submission("forged", RUN, "A", RecordTransition(Stage.VERIFYING, "sha256:" + "ab" * 32), 1)
+    (added,) = seal(RUN, head.version, head.head_digest, submission, 1, decide(head, submission, T0), T0)
+    insert(store, added)
+    store.execute(fix_up_run_row(store, RUN, 6, stage="VERIFYING"))
+
+    assert [(p.position, p.code) for p in audited(ledgers)] == [(6, "submission_mismatch")]
