@@ -13,12 +13,23 @@ collections of the young generation, and of the whole heap, for values that hold
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal
 
 import msgspec
 
 from baton.domain.budgets import Ceilings, Usage
 from baton.domain.stages import Stage
+from baton.domain.values import (
+    ROLES,
+    BlobRef,
+    ChannelWrite,
+    FailureReason,
+    IntentContext,
+    Placement,
+    Role,
+    RunPolicy,
+)
 
 __all__ = [
     "EVENT_TYPES",
@@ -68,51 +79,8 @@ __all__ = [
     "PrincipalRolesChanged",
     "RegistryOpened",
     "Role",
+    "FailureReason",
 ]
-
-Role = Literal["worker", "approver", "verifier", "operator", "auditor"]
-ROLES: tuple[Role, ...] = ("worker", "approver", "verifier", "operator", "auditor")
-
-FailureReason = Literal[
-    "timeout",
-    "tool_error",
-    "rejected_by_host",
-    "invalid_arguments",
-    "permission_denied",
-    "unavailable",
-    "cancelled",
-]
-
-
-class BlobRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A content-addressed payload kept outside the log: the event holds only this."""
-
-    digest: str
-    size: int
-    uri: str = ""
-
-
-class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Where a lease holder runs and what it can honour."""
-
-    worker: str
-    model: str = ""
-    provider: str = ""
-    region: str = ""
-    capabilities: tuple[str, ...] = ()
-    tool_contracts: tuple[str, ...] = ()
-
-
-class IntentContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """Everything an intent depends on; a replayed intent must reproduce it byte for byte."""
-
-    turn: int
-    operation: str
-    effect: str = ""
-    authorization: str = ""
-    state_digest: str = ""
-    proposal_digest: str = ""
-    arguments: dict[str, Any] = {}
 
 
 class _Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, gc=False):
@@ -336,15 +304,6 @@ class RunFailed(_Event, tag=True, frozen=True):
     detail: str = ""
 
 
-class ChannelWrite(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One pending write of a task: its channel, index, serializer type and the blob holding its value."""
-
-    channel: str
-    idx: int
-    kind: str
-    ref: BlobRef
-
-
 class CheckpointRecorded(_Event, tag=True, frozen=True):
     """A LangGraph checkpoint of this thread: the document (checkpoint, metadata, channel digests) is a blob."""
 
@@ -394,17 +353,6 @@ class ThreadPurged(_Event, tag=True, frozen=True):
     reason: str
     blobs: int
     blobs_digest: str
-
-
-class RunPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """What a run's effects need, by tool contract (``fnmatch`` patterns such as ``git@*``): an approval
-    for, and passing verifier evidence of, exactly the proposal an effect commits. ``approvals``:
-    ``artifact`` (an approval of P stays valid for P after a takeover) or ``epoch`` (it ends with the
-    holder's epoch, as grants do)."""
-
-    approval_required: tuple[str, ...] = ()
-    evidence_required: tuple[str, ...] = ()
-    approvals: Literal["artifact", "epoch"] = "artifact"
 
 
 class PolicySet(_Event, tag=True, frozen=True):
@@ -477,46 +425,8 @@ Event = (
     | HandoffConfirmed
 )
 
-EVENT_TYPES: dict[str, type[_Event]] = {
-    cls.__name__: cls
-    for cls in (
-        RunOpened,
-        LeaseGranted,
-        LeaseRenewed,
-        LeaseReleased,
-        LeaseExpired,
-        StageReserved,
-        IntentRecorded,
-        ObservationRecorded,
-        IntentReconciled,
-        TransitionRecorded,
-        CheckpointSealed,
-        AuthorityGranted,
-        AuthorityRevoked,
-        EvidenceRecorded,
-        ApprovalGranted,
-        ApprovalDenied,
-        HandoffPrepared,
-        HandoffAccepted,
-        HandoffAborted,
-        RunCompleted,
-        RunFailed,
-        CheckpointRecorded,
-        WritesRecorded,
-        ThreadDeleted,
-        CheckpointsHidden,
-        ThreadPruned,
-        ThreadPurged,
-        PolicySet,
-        RegistryOpened,
-        PrincipalAdded,
-        PrincipalRolesChanged,
-        PrincipalRevoked,
-        ResumedFrom,
-        HandoffClaimed,
-        HandoffConfirmed,
-    )
-}
+EVENT_TYPES: dict[str, type[_Event]] = {cls.__name__: cls for cls in typing.get_args(Event)}
+"""Every event body class by its stored ``type``: the ``Event`` union, read once."""
 
 
 class RecordedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
