@@ -46,18 +46,23 @@ def _context(op_id: str) -> IntentContext:
     return IntentContext(1, "run_tests", effect="read", arguments={"op": op_id})
 
 
-@pytest.fixture
-def source(tmp_path: Path) -> Iterator[tuple[RunLedger, Path]]:
-    """A SQLite source store holding a run sealed at a boundary after one observed operation."""
-    path = tmp_path / "source.db"
-    init_store(f"sqlite:///{path}")
-    ledger = open_ledger(f"sqlite:///{path}", clock=ManualClock())
+def sealed_by_w1(ledger: RunLedger) -> None:
+    """W1 opens ``RUN``, does one observed operation and seals STATE_V1 at CANDIDATE_READY."""
     with Worker(Placement("w1", tool_contracts=TOOLS), LedgerTransport(ledger), ledger, liveness=False) as w1:
         w1.open_run(RUN, "rel-1", ("coding-agent", 1), STATE_V1)
         w1.acquire(RUN)
         w1.step(RUN, "op-1", "shell@1", _context("op-1"), lambda: {"passed": False})
         w1.transition(RUN, Stage.CANDIDATE_READY, STATE_V1)
         w1.seal(RUN, "ckpt-1", STATE_V1)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Iterator[tuple[RunLedger, Path]]:
+    """A SQLite source store holding a run sealed at a boundary after one observed operation."""
+    path = tmp_path / "source.db"
+    init_store(f"sqlite:///{path}")
+    ledger = open_ledger(f"sqlite:///{path}", clock=ManualClock())
+    sealed_by_w1(ledger)
     yield ledger, path
     ledger.close()
 
@@ -163,12 +168,7 @@ def test_an_in_store_handoff_stores_the_document_with_its_prepare_and_the_state_
     """Given a handoff within one store, then the prepare's append stored the document and the acceptance's
     the migrated state, each under the digest its event names; the budgets count nothing twice."""
     with contextlib.closing(open_ledger(store.url, clock=ManualClock())) as ledger:
-        with Worker(Placement("w1", tool_contracts=TOOLS), LedgerTransport(ledger), ledger, liveness=False) as w1:
-            w1.open_run(RUN, "rel-1", ("coding-agent", 1), STATE_V1)
-            w1.acquire(RUN)
-            w1.step(RUN, "op-1", "shell@1", _context("op-1"), lambda: {"passed": False})
-            w1.transition(RUN, Stage.CANDIDATE_READY, STATE_V1)
-            w1.seal(RUN, "ckpt-1", STATE_V1)
+        sealed_by_w1(ledger)
         prepared = handoff.prepare(
             ledger, RUN, destination=Placement("w2", tool_contracts=TOOLS), state=STATE_V1, to_version=2
         )
