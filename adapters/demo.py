@@ -13,6 +13,7 @@ is refused. A store that already has unsigned runs stays unsigned ("identities n
 from __future__ import annotations
 
 import hashlib
+import shlex
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -226,7 +227,7 @@ def run_demo(store: str | None, out: Printer = print) -> int:
         f"{stale.reason}, events {before} -> {after}"
         + (f"; forged submission: {forged.reason}" if forged is not None else "")
     )
-    flag = f" --store {store}" if store else ""
+    flag = f" --store {shlex.quote(store)}" if store else ""  # pasteable: ? and & in a URL are shell syntax
     out("\ninspect it:")
     out(f"  baton runs{flag}")
     out(f"  baton history {run_id}{flag}")

@@ -38,6 +38,7 @@ from baton.domain.events import (
     RunPolicy,
 )
 from baton.domain.state import Approval, Evidence, Grant, RunState, intended, key_used
+from baton.domain.times import utc_text
 
 __all__ = [
     "AuthorityView",
@@ -145,7 +146,7 @@ def require_authority(state: AuthorityView, worker: str, context: IntentContext,
             msg = f"grant {context.authorization!r} is not held by {worker!r} at epoch {state.epoch}: get a fresh grant"
             raise errors.AuthorityMissing(msg)
         if live.expires_at is not None and now >= live.expires_at:
-            raise errors.AuthorityMissing(f"grant {context.authorization!r} expired at {live.expires_at}")
+            raise errors.AuthorityMissing(f"grant {context.authorization!r} expired at {utc_text(live.expires_at)}")
     proposal = context.proposal_digest
     if not proposal:
         return
@@ -241,10 +242,15 @@ def gate_key(state: RunState, worker: str, epoch: int, key: str, now: int) -> Ga
 
 def _lease_refusal(state: RunState, worker: str, epoch: int, now: int) -> GateDecision | None:
     """The gate's answer when ``worker`` at ``epoch`` does not hold the live lease (else ``None``)."""
+    if not state.opened:
+        return GateDecision(False, "run_not_found", f"no run {state.run_id!r} in this store")
     lease = state.lease
     if lease is None or (lease.worker, lease.epoch) != (worker, epoch):
-        detail = f"{worker!r} at epoch {epoch} does not hold the lease (epoch {state.epoch}, holder {state.holder!r})"
+        held = (
+            f"held by {state.holder!r} at epoch {state.epoch}" if state.holder else f"no holder at epoch {state.epoch}"
+        )
+        detail = f"{worker!r} at epoch {epoch} does not hold the lease ({held})"
         return GateDecision(False, "stale_epoch", detail)
     if now >= lease.expires_at:
-        return GateDecision(False, "lease_expired", f"lease epoch {epoch} expired at {lease.expires_at}")
+        return GateDecision(False, "lease_expired", f"lease epoch {epoch} expired at {utc_text(lease.expires_at)}")
     return None

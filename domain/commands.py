@@ -373,7 +373,11 @@ class Submission(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=Fal
 
 
 class Verdict(msgspec.Struct, frozen=True, omit_defaults=False):
-    """The answer to one submission; ``position`` is the last position it wrote (or wrote before)."""
+    """The answer to one submission; ``position`` is the last position it wrote (or wrote before).
+
+    An accepted (or duplicate) intent carries its ``context_digest``: the digest its observation
+    must quote, so a worker or a person writing the observation by hand need not compute it.
+    """
 
     submission_id: str | None
     verdict: Literal["accepted", "duplicate", "rejected"]
@@ -382,3 +386,4 @@ class Verdict(msgspec.Struct, frozen=True, omit_defaults=False):
     position: int | None = None
     message: str | None = None
     current_epoch: int | None = None
+    context_digest: str | None = None

@@ -56,6 +56,7 @@ from baton.domain.operations import CONTEXT_PREFIX, MAX_INLINE_BYTES, context_di
 from baton.domain.screening import MAX_ID_LENGTH, MAX_LIST_ITEMS, MAX_TEXT_LENGTH
 from baton.domain.stages import Stage, is_legal
 from baton.domain.state import Lease, RunState
+from baton.domain.times import utc_text
 
 __all__ = [
     "CONTEXT_PREFIX",
@@ -307,7 +308,7 @@ def _ended(lease: Lease, now: int, *, holder_gone: bool) -> LeaseExpired:
         return LeaseExpired(lease.worker, lease.epoch, now)
     if holder_gone and lease.session:
         return LeaseExpired(lease.worker, lease.epoch, now, session_gone=True)
-    msg = f"lease epoch {lease.epoch} is held by {lease.worker!r} until {lease.expires_at}"
+    msg = f"lease epoch {lease.epoch} is held by {lease.worker!r} until {utc_text(lease.expires_at)}"
     raise errors.LeaseHeld(msg)
 
 
@@ -320,7 +321,7 @@ def _check_fence(state: RunState, submission: Submission, now: int) -> None:
         )
         raise errors.StaleEpoch(msg, current_epoch=state.epoch)
     if now >= lease.expires_at:
-        raise errors.LeaseExpired(f"lease epoch {lease.epoch} expired at {lease.expires_at}")
+        raise errors.LeaseExpired(f"lease epoch {lease.epoch} expired at {utc_text(lease.expires_at)}")
 
 
 def _transition(state: RunState, command: RecordTransition) -> TransitionRecorded:

@@ -22,6 +22,7 @@ from baton.domain.events import (
     RecordedEvent,
 )
 from baton.domain.state import Approval, Evidence, Grant
+from baton.domain.times import utc_text
 from baton.projections.audit_state import AuditState
 
 __all__ = ["approval_denied", "approval_granted", "authority_granted", "authority_revoked", "authorized", "evidence"]
@@ -41,7 +42,11 @@ def authority_granted(s: AuditState, e: RecordedEvent) -> None:
     selfish = _from_holder(s, e, body.granted_by)
     lease = s.lease
     if lease is None or (lease.worker, lease.epoch) != (body.worker, body.epoch) or e.recorded_at >= lease.expires_at:
-        live = f"{lease.worker!r} held epoch {lease.epoch} until {lease.expires_at}" if lease else "no lease was held"
+        live = (
+            f"{lease.worker!r} held epoch {lease.epoch} until {utc_text(lease.expires_at)}"
+            if lease
+            else "no lease was held"
+        )
         s.report("grant_unbound", f"grant {body.grant_id!r} for {body.worker!r} at epoch {body.epoch}; {live}")
         return
     if not selfish:

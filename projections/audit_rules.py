@@ -32,6 +32,7 @@ from baton.domain.events import (
 )
 from baton.domain.stages import Stage, is_legal
 from baton.domain.threads import PURGE_TOMBSTONE
+from baton.domain.times import utc_text
 from baton.projections.audit_state import AuditState, LeaseRecord, OpRecord
 
 __all__ = [
@@ -103,7 +104,8 @@ def fenced(s: AuditState, e: RecordedEvent) -> None:
     elif e.recorded_at >= lease.expires_at:
         s.report(
             "lease_expired",
-            f"{e.type} recorded at {e.recorded_at}; lease epoch {lease.epoch} expired at {lease.expires_at}",
+            f"{e.type} recorded at {utc_text(e.recorded_at)}; "
+            f"lease epoch {lease.epoch} expired at {utc_text(lease.expires_at)}",
         )
 
 
@@ -218,7 +220,10 @@ def expired(s: AuditState, e: RecordedEvent) -> None:
     lease = s.lease
     early = lease is not None and body.expired_at < lease.expires_at
     if _lease_named(s, e) and lease is not None and early and not (body.session_gone and lease.session):
-        s.report("premature_expiry", f"expired at {body.expired_at}, before its expiry {lease.expires_at}")
+        s.report(
+            "premature_expiry",
+            f"expired at {utc_text(body.expired_at)}, before its expiry {utc_text(lease.expires_at)}",
+        )
     s.lease = None
 
 

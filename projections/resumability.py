@@ -17,6 +17,7 @@ import msgspec
 
 from baton.domain.events import Placement, RecordedEvent
 from baton.domain.state import RunState
+from baton.domain.times import utc_text
 from baton.projections.portable_state import PortableStateFold
 from baton.projections.replay import PrefixOutline
 
@@ -167,6 +168,8 @@ def _ownership(state: RunState, target: Placement, now: int) -> list[tuple[Resum
             (ResumabilityClass.R4, f"no live lease (last epoch {state.epoch}): acquire epoch {state.epoch + 1}")
         )
     elif lease.worker != target.worker or now >= lease.expires_at:
-        holder = "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {lease.expires_at}"
+        holder = (
+            "expired" if now >= lease.expires_at else f"held by {lease.worker!r} until {utc_text(lease.expires_at)}"
+        )
         found.append((ResumabilityClass.R4, f"lease epoch {lease.epoch} is {holder}: the epoch must advance"))
     return found

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import click
 
 from baton.adapters.cli import audit, demo, handoff, identity, purge, runs, serve, store, submit, views
-from baton.adapters.cli.app import EXIT_CODES, Failed, root
+from baton.adapters.cli.app import EXIT_CODES, EXIT_TABLE, Exit, Failed, root
 
-__all__ = ["EXIT_CODES", "main", "root"]
+__all__ = ["EXIT_CODES", "EXIT_TABLE", "Exit", "main", "root"]
 
 for _module in (store, identity, demo, submit, runs, audit, handoff, views, serve, purge):
     for _command in _module.COMMANDS:
@@ -32,5 +32,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except click.Abort:  # Ctrl-C or end of input at a prompt
-        return 130
+        return Exit.INTERRUPTED
     return code if isinstance(code, int) else 0

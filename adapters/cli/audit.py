@@ -1,7 +1,8 @@
 """The auditor's commands: ``audit``, ``explain``, ``export``, ``verify-export`` and ``report`` (docs/audit.md).
 
 The audit itself is ``adapters.audit_runner`` (``--all --jobs N`` splits a large PostgreSQL store
-into N processes). Exit status: 0 no problem, 1 problems found, 2 usage, store or file errors.
+into N processes). Exit status as every command's (``app.EXIT_TABLE``): 0 no problem, 1 an unknown
+run, 2 usage or an unreadable file, 3 the store unavailable, 4 problems found.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import click
 import msgspec
 
 from baton.adapters.audit_runner import (
-    AUDIT_ERRORS,
     DEFAULT_JOBS,
     AuditReport,
     ExportReport,
@@ -22,7 +22,7 @@ from baton.adapters.audit_runner import (
     verify_export,
 )
 from baton.adapters.bootstrap import open_ledger
-from baton.adapters.cli.app import Failed, could_not
+from baton.adapters.cli.app import Exit, Failed, bad_file, unknown_run
 from baton.adapters.cli.options import echo_json, json_option, store_option
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.store_identity import raw_public_key
@@ -56,7 +56,7 @@ def _print_report(report: AuditReport, as_json: bool) -> int:
         if isinstance(report, ExportReport):
             click.echo(_STATEMENT[report.head_statement].format(report.store_id))
         click.echo(f"audited {report.runs_checked} runs, {report.events_checked} events: {verdict}")
-    return 0 if report.ok else 1
+    return Exit.OK if report.ok else Exit.VERIFICATION
 
 
 @click.command("audit")
@@ -75,7 +75,7 @@ def audit(run_id: str | None, every: bool, as_json: bool, jobs: int, store: str 
     """Verify runs: chain, digests, fencing, operations, budgets."""
     if (run_id is None) == (not every):
         raise Failed("give a RUN_ID or --all (not both)")
-    with could_not("audit", AUDIT_ERRORS), contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         bar = _progress(ledger, run_id) if not as_json and sys.stderr.isatty() else None
         try:
             report = audit_store(ledger, run_id, progress=bar, jobs=jobs, store=store)
@@ -83,7 +83,7 @@ def audit(run_id: str | None, every: bool, as_json: bool, jobs: int, store: str 
             if bar is not None:
                 bar.close()
     if run_id is not None and report.runs_checked == 0:
-        raise Failed(f"no events and no run row for run {run_id!r}")
+        raise unknown_run(run_id)
     return _print_report(report, as_json)
 
 
@@ -100,14 +100,17 @@ def _progress(ledger: RunLedger, run_id: str | None) -> ProgressLine | None:
 @store_option
 def explain(run_id: str, at: int | None, as_json: bool, store: str | None) -> int:
     """A run at a position, in plain sentences."""
+    if at is not None and at < 1:
+        raise Failed(f"--at {at}: positions start at 1")
     with (
-        could_not("explain", AUDIT_ERRORS),
         contextlib.closing(open_ledger(store, one_shot=True)) as ledger,
         contextlib.closing(ledger.history(run_id, upto=at)) as events,
     ):
         explanation = explain_run(events, run_id)
     if explanation.position == 0:
-        raise Failed(f"no events for run {run_id!r}")
+        raise unknown_run(run_id)
+    if at is not None and explanation.position < at:
+        raise Failed(f"--at {at} is past the head of run {run_id!r} (position {explanation.position})")
     if as_json:
         echo_json(explanation)
     else:
@@ -130,10 +133,7 @@ def export(run_id: str | None, every: bool, output: str | None, store: str | Non
     """
     if (run_id is None) == (not every):
         raise Failed("give a RUN_ID or --all (not both)")
-    with (
-        could_not("export", (*AUDIT_ERRORS, TypeError, ValueError)),
-        contextlib.closing(open_ledger(store, one_shot=True)) as ledger,
-    ):
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         write_export(ledger, run_id, lambda: click.open_file(output or "-", "wb"))
     return 0
 
@@ -154,7 +154,7 @@ def verify_export_file(file: str, trust: str | None, expect_head: str | None, as
         with Path(file).open("rb") as lines:
             report = verify_export(lines, expect_head=expect_head, trust=trust)
     except (OSError, msgspec.DecodeError) as exc:
-        raise Failed(f"cannot read {file}: {exc}") from None
+        raise bad_file(file, exc) from None
     if report.events_checked == 0:
         raise Failed(f"{file} holds no events")
     return _print_report(report, as_json)
@@ -169,18 +169,17 @@ def report(run_id: str, output: str | None, store: str | None) -> int:
 
     Timeline, budgets and events, with the audit's problems marked.
     """
-    with could_not("report", (*AUDIT_ERRORS, msgspec.ValidationError)):
-        with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-            fold = ReportFold(run_id)
-            with contextlib.closing(ledger.history(run_id)) as events:
-                for event in events:
-                    fold.apply(event)
-            if not fold.events:
-                raise Failed(f"no events for run {run_id!r}")
-            audited = audit_store(ledger, run_id)
-            page = fold.finish(audited.problems)
-        path = Path(output or f"{run_id}.html")
-        path.write_text(render_html(page), encoding="utf-8")
+    with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
+        fold = ReportFold(run_id)
+        with contextlib.closing(ledger.history(run_id)) as events:
+            for event in events:
+                fold.apply(event)
+        if not fold.events:
+            raise unknown_run(run_id)
+        audited = audit_store(ledger, run_id)
+        page = fold.finish(audited.problems)
+    path = Path(output or f"{run_id}.html")
+    path.write_text(render_html(page), encoding="utf-8")
     verdict = "audit ok" if page.ok else f"audit found {len(page.problems)} problems"
     identities = "identities verified" if audited.identities_verified else "identities not verified"
     click.echo(f"wrote {path}: run {run_id}, {page.head} events, {verdict} ({identities})")

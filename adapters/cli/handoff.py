@@ -18,6 +18,7 @@ import click
 
 from baton.adapters import handoff as protocol
 from baton.adapters.bootstrap import open_ledger
+from baton.adapters.cli.app import Failed, bad_file, unknown_run
 from baton.adapters.cli.identity import read_key
 from baton.adapters.cli.options import echo_json, json_option, placement_options, store_option
 from baton.adapters.handoff_state import accepted_state
@@ -64,7 +65,12 @@ def export(
     store: str | None,
 ) -> int:
     """Prepare a handoff; the document goes to stdout, its digest to stderr."""
-    task_state: dict[str, Any] = json.loads(state.read_text(encoding="utf-8"))
+    try:
+        task_state: dict[str, Any] = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_file(state, exc) from None
+    if not isinstance(task_state, dict):
+        raise Failed(f"{state} holds JSON but not an object: the task state is one JSON object")
     key = read_key(key_file) if key_file else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         prepared = protocol.prepare(
@@ -160,8 +166,10 @@ def status(run_id: str, store: str | None) -> int:
     """
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         found = protocol.status(ledger, run_id)
+    if not found.exists:
+        raise unknown_run(run_id)
     echo_json(found)
-    return 0 if found.exists else 1
+    return 0
 
 
 @handoff.command("state")

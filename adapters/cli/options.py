@@ -9,9 +9,18 @@ from typing import Any
 import click
 import msgspec
 
+from baton.domain.budgets import COUNTERS, Ceilings, Usage
 from baton.domain.events import Placement
 
-__all__ = ["echo_json", "json_option", "no_events", "placement_options", "store_option"]
+__all__ = [
+    "echo_json",
+    "json_option",
+    "placement_options",
+    "placement_text",
+    "plain_text",
+    "store_option",
+    "usage_text",
+]
 
 Command = Callable[..., int]
 
@@ -60,6 +69,39 @@ def echo_json(value: Any) -> None:
     click.echo(_json.encode(value).decode())
 
 
-def no_events(run_id: str) -> int:
-    click.echo(f"no events for run {run_id!r}", err=True)
-    return 1
+def usage_text(usage: Usage, ceilings: Ceilings | None = None) -> str:
+    """``calls 2/10, argument_bytes 149``: the counters in use, each over its ceiling when it has one."""
+    parts = []
+    for name in COUNTERS:
+        used, ceiling = getattr(usage, name), getattr(ceilings, name, None)
+        if used or ceiling is not None:
+            parts.append(f"{name} {used}/{ceiling}" if ceiling is not None else f"{name} {used}")
+    return ", ".join(parts) or "nothing used, no ceilings"
+
+
+def placement_text(placement: Placement) -> str:
+    """``worker-b (model m, provider p, region r; tools git@2, pytest@8)``."""
+    runs = ", ".join(
+        f"{label} {value}"
+        for label, value in (("model", placement.model), ("provider", placement.provider), ("region", placement.region))
+        if value
+    )
+    where = [runs] if runs else []
+    if placement.capabilities:
+        where.append("capabilities " + ", ".join(placement.capabilities))
+    if placement.tool_contracts:
+        where.append("tools " + ", ".join(placement.tool_contracts))
+    return f"{placement.worker} ({'; '.join(where)})" if where else placement.worker
+
+
+def plain_text(value: Any) -> str:
+    """Any other value for a text line: ``-`` for nothing, references and lists as plain words, no reprs."""
+    if value is None or value in ((), []):
+        return "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(plain_text(item) for item in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {plain_text(item)}" for key, item in value.items())
+    if isinstance(value, msgspec.Struct):
+        return plain_text(msgspec.to_builtins(value))
+    return str(value)

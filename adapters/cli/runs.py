@@ -3,30 +3,37 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from typing import Any
 
 import click
 import msgspec
 
 from baton.adapters.bootstrap import open_ledger
-from baton.adapters.cli.options import echo_json, json_option, no_events, placement_options, store_option
+from baton.adapters.cli.app import Failed, unknown_run
+from baton.adapters.cli.options import (
+    echo_json,
+    json_option,
+    placement_options,
+    placement_text,
+    plain_text,
+    store_option,
+    usage_text,
+)
 from baton.adapters.eventstore import RunLedger
 from baton.domain.budgets import COUNTERS
 from baton.domain.canonical import short
 from baton.domain.events import Placement, RecordedEvent
 from baton.domain.identity import REGISTRY_RUN
 from baton.domain.state import Lease
+from baton.domain.times import utc_text
 from baton.projections import DIMENSIONS, BudgetUsageFold, classify, portable_state
+from baton.projections.portable_state import PortableState
+from baton.projections.replay import PrefixOutline
 from baton.projections.resumability import resume_point, summary_of
 
 __all__ = ["COMMANDS", "history_record"]
 
 RUN_ID = click.argument("run_id")
-
-
-def _iso(micros: int) -> str:
-    return dt.datetime.fromtimestamp(micros / 1e6, tz=dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 @click.command("runs")
@@ -47,7 +54,7 @@ def runs(as_json: bool, store: str | None) -> int:
                     "owner": row.holder,
                     "stage": row.stage,
                     "status": row.status,
-                    "lease_expires_at": _iso(row.expires_at) if row.expires_at else None,
+                    "lease_expires_at": utc_text(row.expires_at) if row.expires_at else None,
                 }
             )
         return 0
@@ -70,7 +77,7 @@ def history_record(event: RecordedEvent) -> dict[str, Any]:
         "epoch": event.epoch,
         "worker": event.worker,
         "submission_id": event.submission_id,
-        "recorded_at": _iso(event.recorded_at),
+        "recorded_at": utc_text(event.recorded_at),
         "digest": event.digest,
         "prev_digest": event.prev_digest,
         "body": body,
@@ -91,10 +98,12 @@ def history(run_id: str, as_json: bool, store: str | None) -> int:
                 echo_json(history_record(event))
             else:
                 click.echo(
-                    f"{event.position:>5}  {_iso(event.recorded_at)}  {event.type:<20} {event.worker:<12} "
+                    f"{event.position:>5}  {utc_text(event.recorded_at)}  {event.type:<20} {event.worker:<12} "
                     f"{event.epoch:>5}  {short(event.digest)} <- {short(event.prev_digest)}"
                 )
-    return 0 if found else no_events(run_id)
+    if not found:
+        raise unknown_run(run_id)
+    return 0
 
 
 @click.command("verify")
@@ -105,31 +114,41 @@ def verify(run_id: str, store: str | None) -> int:
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         report = ledger.verify(run_id)
     if report.events == 0:
-        return no_events(run_id)
+        raise unknown_run(run_id)
     click.echo(f"run {run_id}: {report.events} events, chain verified, head {report.head_digest}")
     return 0
 
 
 @click.command("state")
 @RUN_ID
-@click.option("--at", type=int, default=None, metavar="POSITION", help="position (default: the head)")
+@click.option(
+    "--at", type=int, default=None, metavar="POSITION", help="a position of the run, 1 to its head (default: the head)"
+)
 @json_option
 @store_option
 def state(run_id: str, at: int | None, as_json: bool, store: str | None) -> int:
     """The portable state of a run at a position.
 
-    Time travel: the fold of the run's events up to --at.
+    Time travel: the fold of the run's events up to --at. A position outside the run is refused.
     """
+    if at is not None and at < 1:
+        raise Failed(f"--at {at}: positions start at 1")
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         events = list(ledger.history(run_id, upto=at))
     if not events:
-        return no_events(run_id)
+        raise unknown_run(run_id)
+    if at is not None and events[-1].position < at:
+        raise Failed(f"--at {at} is past the head of run {run_id!r} (position {events[-1].position})")
     checkpoint = portable_state(events, run_id)
     if as_json:
         echo_json(checkpoint)
-    else:
-        for name, value in msgspec.to_builtins(checkpoint).items():
-            click.echo(f"{name:<26} {value}")
+        return 0
+    fields = msgspec.structs.asdict(checkpoint)
+    fields["usage"] = usage_text(checkpoint.usage, checkpoint.ceilings)
+    del fields["ceilings"]  # shown with the usage, as used/ceiling
+    fields["placement"] = placement_text(checkpoint.placement) if checkpoint.placement else None
+    for name, value in fields.items():
+        click.echo(f"{name:<26} {plain_text(value)}")
     return 0
 
 
@@ -145,10 +164,16 @@ def budgets(run_id: str | None, by: str, as_json: bool, store: str | None) -> in
     """
     fold = BudgetUsageFold()
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        for _, event in ledger.all_events():
-            if run_id is None or event.run_id == run_id:
+        if run_id is None:
+            for _, event in ledger.all_events():
                 fold.apply(event)
+        else:
+            with contextlib.closing(ledger.history(run_id)) as events:
+                for event in events:
+                    fold.apply(event)
     rows = fold.by(by)  # type: ignore[arg-type]  # click.Choice admits only DIMENSIONS
+    if run_id is not None and not rows:
+        raise unknown_run(run_id)
     if as_json:
         for key, usage in rows.items():
             echo_json({by: key, **msgspec.to_builtins(usage)})
@@ -164,24 +189,32 @@ def budgets(run_id: str | None, by: str, as_json: bool, store: str | None) -> in
 @click.option("--worker", required=True, help="the worker that would resume the run")
 @placement_options(worker="worker")
 @json_option
+@click.option(
+    "--prefix", "with_prefix", is_flag=True, help="with --json: every step of the replay prefix, not its summary"
+)
 @click.option("--no-snapshots", is_flag=True, help="fold the whole history (audit, benchmarks)")
 @store_option
-def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool, store: str | None) -> int:
+def resume(
+    run_id: str, placement: Placement, as_json: bool, with_prefix: bool, no_snapshots: bool, store: str | None
+) -> int:
     """What resuming a run on a target placement needs.
 
-    The resumability class and its reasons, the checkpoint, the budgets and the replay prefix.
+    The resumability class and its reasons, the checkpoint, the budgets and the replay prefix: its
+    summary (steps, first and last position, the chain digest at the head), or with --prefix every step.
     """
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
         fold = ledger.resume_fold(run_id, snapshots=not no_snapshots)
         if fold.run.version == 0:
-            return no_events(run_id)
+            raise unknown_run(run_id)
         summary = summary_of(fold)
         now = ledger.clock.now()
         verdict = classify(summary, placement, now)
         point = resume_point(summary.state, placement.worker)
         checkpoint = fold.snapshot()
-        replay_prefix = list(ledger.replay_steps(run_id, summary.prefix))
         lease_case = _lease_case(ledger, fold.run.lease, now)
+        replay_prefix: Any = _prefix_summary(summary.prefix, checkpoint)
+        if as_json and with_prefix:
+            replay_prefix = list(ledger.replay_steps(run_id, summary.prefix))
     if as_json:
         echo_json(
             {
@@ -207,8 +240,22 @@ def resume(run_id: str, placement: Placement, as_json: bool, no_snapshots: bool,
     click.echo(f"checkpoint {checkpoint.checkpoint_id} {checkpoint.checkpoint_hash}")
     click.echo(f"replay prefix: {summary.prefix.length} operations; uncertain: {len(summary.prefix.uncertain)}")
     owed = "owed before new work" if point.required else "not owed"
+    if with_prefix:
+        click.echo("(--prefix prints the steps with --json)")
     click.echo(f"resume_from: position {point.position} digest {point.prefix_digest} ({owed})")
     return 0
+
+
+def _prefix_summary(outline: PrefixOutline, checkpoint: PortableState) -> dict[str, Any]:
+    """The replay prefix in constant space, whatever the run's length: its settled steps lie in
+    positions ``first_position`` to ``last_position`` (the head), and ``digest``, the chain digest
+    at the head, commits to every one of them (``--prefix`` prints the steps themselves)."""
+    return {
+        "steps": outline.length,
+        "first_position": outline.start + 1 if outline.length else None,
+        "last_position": checkpoint.position,
+        "digest": checkpoint.head_digest,
+    }
 
 
 def _lease_case(ledger: RunLedger, lease: Lease | None, now: int) -> dict[str, Any]:
@@ -225,7 +272,7 @@ def _lease_case(ledger: RunLedger, lease: Lease | None, now: int) -> dict[str, A
         "status": status,
         "holder": lease.worker,
         "epoch": lease.epoch,
-        "expires_at": _iso(lease.expires_at),
+        "expires_at": utc_text(lease.expires_at),
         "session": bool(lease.session),
     }
 

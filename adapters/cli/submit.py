@@ -26,16 +26,17 @@ SCHEMAS = {"submission": Submission, "verdict": Verdict, "event": RecordedEvent}
 def submit(store: str | None, key_file: str | None) -> int:
     """JSON Lines submissions on stdin -> verdict lines.
 
-    A malformed line gets a ``malformed`` rejection and the stream goes on. With --key each line is
+    Every line is answered, in order: a malformed one (not JSON, not UTF-8, not a submission)
+    gets a ``malformed`` rejection and the stream goes on. With --key each line is
     signed as it is read (its ``worker`` must be the key's principal).
     """
     key = read_key(key_file) if key_file is not None else None
     with contextlib.closing(open_ledger(store, one_shot=True)) as ledger:
-        for raw in sys.stdin:
+        for raw in sys.stdin.buffer:  # bytes: a line that is not UTF-8 is answered, not fatal
             line = raw.strip()
             if not line:
                 continue
-            decoded = decode_submission(line.encode())
+            decoded = decode_submission(line)
             if isinstance(decoded, Verdict):
                 echo_json(decoded)
                 continue

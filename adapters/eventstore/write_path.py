@@ -33,11 +33,13 @@ from baton.adapters.eventstore.state_cache import StateCache, working_copy
 from baton.adapters.identity import verify_signature
 from baton.domain import errors, identity
 from baton.domain.chain import seal_stored
-from baton.domain.commands import AcceptHandoff, Submission, Verdict
+from baton.domain.commands import AcceptHandoff, RecordIntent, Submission, Verdict
 from baton.domain.decide import UNFENCED_COMMANDS, decide, envelope_epoch
+from baton.domain.events import Event, IntentRecorded
 from baton.domain.fencing import Fence, fence_for
 from baton.domain.generation_zero import blobs_of
 from baton.domain.identity import REGISTRY_RUN
+from baton.domain.operations import context_digest
 from baton.domain.state import RunState, apply
 
 __all__ = ["WritePath", "submission_digest"]
@@ -265,7 +267,7 @@ class WritePath:
                 pending.append(StoredRunEvent.of(recorded, stored))
             digest = submission_digest(submission)
             rows.append(SubmissionRow(submission.submission_id, state.run_id, digest, state.version))
-            verdicts.append(Verdict(submission.submission_id, "accepted", state.run_id, position=state.version))
+            verdicts.append(_accepted(submission, state.run_id, state.version, pending[-1].recorded.body))
         fences = [fence_for(states[run_id], working[run_id]) for run_id in sorted(states)]
         if registry is not None and registry.signatures_required:
             fences.append(fence_for(registry, registry))  # read, not changed: it must still be the same
@@ -296,7 +298,16 @@ class WritePath:
             msg = f"submission {submission.submission_id!r} was refused as a duplicate but has no stored row"
             raise errors.StoreUnavailable(msg)
         if recorded.run_id == submission.run_id and same_content(recorded.content_digest, submission):
-            return Verdict(submission.submission_id, "duplicate", submission.run_id, position=recorded.position)
+            quoted = (
+                context_digest(submission.command.context) if isinstance(submission.command, RecordIntent) else None
+            )
+            return Verdict(
+                submission.submission_id,
+                "duplicate",
+                submission.run_id,
+                position=recorded.position,
+                context_digest=quoted,
+            )
         conflict = errors.SubmissionConflict(
             f"submission id {submission.submission_id!r} was used for different content (position {recorded.position})"
         )
@@ -323,6 +334,12 @@ def _stale(submission: Submission, violation: FenceViolation) -> errors.StaleEpo
         f"(current epoch {violation.epoch}, holder {violation.holder!r})"
     )
     return errors.StaleEpoch(msg, current_epoch=violation.epoch)
+
+
+def _accepted(submission: Submission, run_id: str, position: int, last: Event) -> Verdict:
+    """Accepted at ``position``; an intent's verdict quotes the context digest its event recorded."""
+    quoted = last.context_digest if isinstance(last, IntentRecorded) else None
+    return Verdict(submission.submission_id, "accepted", run_id, position=position, context_digest=quoted)
 
 
 def _rejected(submission: Submission, error: errors.BatonError) -> Verdict:

@@ -167,8 +167,15 @@ def test_resume_state_and_budgets_read_the_demo_run(tmp_path: Path) -> None:
     sealed = [event["position"] for event in history if event["type"] == "CheckpointSealed"]
     assert resumed["replay_after_position"] == sealed[-1]  # the prefix starts after the last sealed checkpoint
     intents_after = [e["position"] for e in history if e["type"] == "IntentRecorded" and e["position"] > sealed[-1]]
-    assert [step["intent_position"] for step in resumed["replay_prefix"]] == intents_after
+    assert resumed["replay_prefix"] == {  # summarised unless --prefix asks for the steps
+        "steps": len(intents_after),
+        "first_position": sealed[-1] + 1,
+        "last_position": 23,
+        "digest": history[-1]["digest"],
+    }
     assert resumed["uncertain"] == []
+    with_steps = json.loads(baton(tmp_path, "resume", run_id, "--worker", "worker-c", "--json", "--prefix").stdout)
+    assert [step["intent_position"] for step in with_steps["replay_prefix"]] == intents_after
 
     at_13 = json.loads(baton(tmp_path, "state", run_id, "--at", "13", "--json").stdout)
     assert (at_13["position"], at_13["stage"], at_13["owner"], at_13["owner_epoch"]) == (13, "VERIFIED", "worker-a", 1)

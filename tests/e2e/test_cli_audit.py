@@ -60,30 +60,31 @@ def test_audit_of_a_clean_store_exits_0_with_the_json_shape(demo_dir: Path, run_
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "code"),
     [
-        ("audit",),
-        ("audit", "no-such-run"),
-        ("audit", "--all", "--store", "sqlite:///empty.db"),
-        ("audit", "x", "--all"),
+        (("audit",), 2),
+        (("audit", "no-such-run"), 1),
+        (("audit", "--all", "--store", "sqlite:///empty.db"), 3),
+        (("audit", "x", "--all"), 2),
     ],
     ids=["no-run", "unknown-run", "uninitialised-store", "both"],
 )
-def test_usage_and_store_errors_exit_2(demo_dir: Path, args: tuple[str, ...]) -> None:
-    """Given a missing or unknown run, or a store without tables, when audited, then exit 2 with a message."""
+def test_usage_unknown_run_and_store_errors_exit_by_the_table(demo_dir: Path, args: tuple[str, ...], code: int) -> None:
+    """Given a missing RUN_ID (2), an unknown run (1) or a store without tables (3), when audited,
+    then it exits with the table's code and a message."""
     result = baton(demo_dir, *args)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == code, result.stdout + result.stderr
     assert result.stderr.startswith("baton:")
 
 
-def test_a_tampered_store_exits_1_naming_code_and_position(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
-    """Given one value of event 3 changed in the database, when audited, then exit 1 with digest_mismatch at 3."""
+def test_a_tampered_store_exits_4_naming_code_and_position(demo_dir: Path, run_id: str, tmp_path: Path) -> None:
+    """Given one value of event 3 changed in the database, when audited, then exit 4 with digest_mismatch at 3."""
     shutil.copy(demo_dir / "baton.db", tmp_path / "baton.db")
     rewrite_worker(tmp_path / "baton.db", run_id, 3, "mallory")
 
     result = baton(tmp_path, "audit", "--all", "--json")
 
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 4, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is False
     assert report["problems"][0] == {
@@ -124,14 +125,14 @@ def test_export_round_trip_verifies_and_a_tampered_export_fails(demo_dir: Path, 
     text[4 + 6] = text[4 + 6].replace('"worker":"worker-a"', '"worker":"worker-z"', 1)
     export.write_text("".join(text))
     failed = baton(tmp_path, "verify-export", str(export), "--json")  # a real process: no store anywhere
-    assert failed.returncode == 1
+    assert failed.returncode == 4
     assert json.loads(failed.stdout)["problems"][0]["position"] == 7
     assert json.loads(failed.stdout)["problems"][0]["code"] == "digest_mismatch"
 
     truncated = tmp_path / "short.jsonl"
     truncated.write_text("".join(text[:5]))
     code, wrong_head = in_process("verify-export", str(truncated), "--json", "--expect-head", rows[-1]["digest"])
-    assert code == 1
+    assert code == 4
     assert [p["code"] for p in json.loads(wrong_head)["problems"]] == ["head_mismatch"]
     assert in_process("verify-export", str(tmp_path / "missing.jsonl"))[0] == 2
 
@@ -149,7 +150,7 @@ def test_explain_tells_the_run_at_a_position(demo_dir: Path, run_id: str) -> Non
     assert head["position"] == 23
     assert any("completed" in sentence and "R0" not in sentence for sentence in head["sentences"])
     assert any("R0" in sentence for sentence in head["sentences"])
-    assert in_process("explain", "no-such-run", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[0] == 2
+    assert in_process("explain", "no-such-run", "--store", f"sqlite:///{demo_dir / 'baton.db'}")[0] == 1
 
 
 class _Terminal(io.StringIO):
@@ -188,7 +189,7 @@ def test_a_forged_signature_in_an_export_is_found_offline(demo_dir: Path, run_id
 
     failed = baton(tmp_path, "verify-export", str(export), "--json")
 
-    assert failed.returncode == 1
+    assert failed.returncode == 4
     found = [(p["position"], p["code"]) for p in json.loads(failed.stdout)["problems"]]
     assert found == [(23, "bad_signature"), (23, "head_mismatch")]
 
@@ -254,21 +255,21 @@ def test_a_signed_export_verifies_with_the_stores_key(
 
 def test_a_cut_tail_is_refused(demo_dir: Path, run_id: str, store_key: str, tmp_path: Path) -> None:
     """Given an export whose last two events were removed (the chain that is left still verifies), when verified
-    with --trust, then tail_cut at the first missing position, exit 1; the chain alone would have passed."""
+    with --trust, then tail_cut at the first missing position, exit 4; the chain alone would have passed."""
     events, statement = exported(demo_dir, run_id, tmp_path)
 
     code, report = verified(tmp_path, [*events[:-2], statement], "--trust", store_key)
 
-    assert code == 1
+    assert code == 4
     assert codes(report) == [(run_id, 22, "tail_cut")]
     assert verified(tmp_path, events[:-2])[0] == 0  # without the statement nothing tells a short chain
     code, report = verified(tmp_path, events[:-2], "--trust", store_key)  # nor with the statement dropped
-    assert (code, codes(report)) == (1, [(run_id, 21, "head_unsigned")])
+    assert (code, codes(report)) == (4, [(run_id, 21, "head_unsigned")])
 
 
 def test_a_rechained_export_is_refused(demo_dir: Path, run_id: str, store_key: str, tmp_path: Path) -> None:
     """Given an export with event 10 rewritten and every event from there sealed again (digests and links: a
-    valid chain, signatures untouched), when verified with --trust, then head_mismatch at 23, exit 1."""
+    valid chain, signatures untouched), when verified with --trust, then head_mismatch at 23, exit 4."""
     events, statement = exported(demo_dir, run_id, tmp_path)
     rechained = [dict(event) for event in events]
     for index in range(4 + 9, len(rechained)):
@@ -282,7 +283,7 @@ def test_a_rechained_export_is_refused(demo_dir: Path, run_id: str, store_key: s
 
     code, report = verified(tmp_path, [*rechained, statement], "--trust", store_key)
 
-    assert code == 1
+    assert code == 4
     assert codes(report) == [(run_id, 23, "head_mismatch")]
 
 
@@ -290,7 +291,7 @@ def test_a_statement_signed_by_another_key_is_refused(
     demo_dir: Path, run_id: str, store_key: str, tmp_path: Path
 ) -> None:
     """Given a cut export with a new statement for its shorter heads, signed by another key (naming that key,
-    or the store's), when verified with --trust and the store's key, then head_signature_invalid, exit 1."""
+    or the store's), when verified with --trust and the store's key, then head_signature_invalid, exit 4."""
     events, _ = exported(demo_dir, run_id, tmp_path)
     kept = events[:-2]
     heads = (StreamHead("baton:registry", 4, str(kept[3]["digest"])), StreamHead(run_id, 21, str(kept[-1]["digest"])))
@@ -301,7 +302,7 @@ def test_a_statement_signed_by_another_key_is_refused(
 
         code, report = verified(tmp_path, [*kept, json.loads(statement_line(forged))], "--trust", store_key)
 
-        assert code == 1
+        assert code == 4
         assert codes(report) == [(run_id, 21, "head_signature_invalid")]
         assert report["head_statement"] == "invalid"
     bad_key = baton(tmp_path, "verify-export", str(tmp_path / "run.jsonl"), "--trust", "ed25519:nonsense")

@@ -92,7 +92,7 @@ def test_a_tampered_snapshot_changes_nothing_resume_reports_and_the_audit_names_
     assert (checkpoint["owner"], checkpoint["usage"]["calls"], position) == ("w1", OPERATIONS, 2 + 2 * OPERATIONS)
     assert f"snapshot of run 'r' at position {position} ignored" in tampered.stderr
     audit = baton(tmp_path, "audit", "r", "--json", "--store", store)
-    assert audit.returncode == 1, audit.stdout + audit.stderr
+    assert audit.returncode == 4, audit.stdout + audit.stderr
     problems = json.loads(audit.stdout)["problems"]
     assert [(p["run_id"], p["position"], p["code"]) for p in problems] == [("r", position, "snapshot_mismatch")]
 

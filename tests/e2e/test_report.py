@@ -168,10 +168,10 @@ def test_a_tampered_run_shows_the_audit_problems_and_escapes_the_log(demo: tuple
 
 
 def test_an_unknown_run_is_an_error_and_writes_nothing(demo: tuple[Path, str]) -> None:
-    """Given a run id the store does not hold, when reported, then exit 2 with a message and no file."""
+    """Given a run id the store does not hold, when reported, then exit 1 with a message and no file."""
     directory, _ = demo
     result = baton(directory, "report", "no-such-run", "-o", "none.html")
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.startswith("baton:")
     assert not (directory / "none.html").exists()
 

@@ -69,7 +69,7 @@ def test_r3_recorded_outcomes_are_replayed() -> None:
 @pytest.mark.parametrize(
     ("key", "reason"),
     [
-        ("R4-held", "lease epoch 1 is held by 'worker-a' until 1700000030000000: the epoch must advance"),
+        ("R4-held", "lease epoch 1 is held by 'worker-a' until 2023-11-14T22:13:50Z: the epoch must advance"),
         ("R4-expired", "lease epoch 1 is expired: the epoch must advance"),
         ("R4-released", "no live lease (last epoch 1): acquire epoch 2"),
     ],
@@ -211,7 +211,7 @@ def test_r4_beats_r3() -> None:
     assert judged(history, placement(W2)) == Resumability(
         R4,
         (
-            "lease epoch 1 is held by 'worker-a' until 1700000030000000: the epoch must advance",
+            "lease epoch 1 is held by 'worker-a' until 2023-11-14T22:13:50Z: the epoch must advance",
             "1 recorded outcomes are replayed without calling the host",
         ),
     )
