@@ -10,6 +10,7 @@ from eventsourcing.utils import Environment
 from baton.adapters.clock import Clock
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import SqlConnection
+from baton.adapters.eventstore.reachability import check_reachable, first_contact
 from baton.adapters.eventstore.store_identity import StoreIdentity
 from baton.adapters.identity import SigningKey
 from baton.adapters.langgraph.index import create_index_tables
@@ -21,19 +22,29 @@ from baton.domain.identity import REGISTRY_RUN
 
 __all__ = ["init_store", "open_ledger", "open_views", "register", "store_identity"]
 
+# a long-running process checks its store once at start: as patient as the liveness session's connect
+PREFLIGHT_TIMEOUT_S = 5
+
 
 def open_ledger(url: str | None = None, *, clock: Clock | None = None, one_shot: bool = False) -> RunLedger:
     """A ledger on an initialised store. It never changes the schema: a store that lacks a migration
-    (or has none) is refused here with ``SchemaNotReady``, which names ``baton store init``.
+    (or has none) is refused here with ``SchemaNotReady``, which names ``baton store init``; one that
+    cannot be reached, with ``StoreUnreachable``, which says why.
 
     ``one_shot`` (a CLI command) opens one PostgreSQL connection and never more: a short-lived
-    process gains nothing from a pool.
+    process gains nothing from a pool. It waits briefly for that connection and diagnoses only a
+    failure, so a healthy store costs it no extra connection. A long-running process keeps the
+    pool's long wait (requests queue for a busy connection under load) and checks the store with one
+    direct connection up front instead, which it pays once in its life.
     """
     settings = StoreSettings.resolve(url)
-    env = settings.env(create_table=False)
-    if one_shot:
-        env |= {"POSTGRES_POOL_SIZE": "1", "POSTGRES_MAX_OVERFLOW": "1"}
-    ledger = RunLedger(env, clock=clock)
+    if not one_shot:
+        check_reachable(settings, timeout=PREFLIGHT_TIMEOUT_S)
+    env = settings.env(create_table=False, one_shot=one_shot)
+    return first_contact(settings, lambda: _schema_checked(RunLedger(env, clock=clock)))
+
+
+def _schema_checked(ledger: RunLedger) -> RunLedger:
     try:
         ledger.store.check_schema()
     except BaseException:
@@ -61,7 +72,8 @@ def init_store(
     if operator_key is not None and unsigned:
         raise ValueError("a store is either signed (operator_key) or unsigned, not both")
     settings = StoreSettings.resolve(url)
-    ledger = RunLedger(settings.env(create_table=False))
+    env = settings.env(create_table=False, one_shot=True)
+    ledger = first_contact(settings, lambda: RunLedger(env))  # the pool connects as the ledger is built
     try:
         ledger.store.migrate()
         if operator_key is not None or unsigned:

@@ -17,6 +17,7 @@ import click
 from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
+from baton.adapters.settings import BadSettings
 from baton.domain.errors import BatonError, ChainBroken, StoreUnavailable
 
 __all__ = ["EXIT_CODES", "EXIT_TABLE", "Exit", "Failed", "bad_file", "root", "unknown_run"]
@@ -47,6 +48,7 @@ EXIT_CODES: dict[type[BaseException], int] = {
     StoreUnavailable: Exit.UNAVAILABLE,
     PersistenceError: Exit.UNAVAILABLE,
     ValidationError: Exit.USAGE,
+    BadSettings: Exit.USAGE,
     BatonError: Exit.NO,
 }
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from psycopg_pool import ConnectionPool
 
@@ -50,8 +50,7 @@ class SqlConnection:
         self._sqlite: sqlite3.Connection | None = None
         self._pool: ConnectionPool[Any] | None = None
         if self.backend == "sqlite":
-            path = unquote(urlsplit(self.settings.url).path)[1:]
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+            conn = sqlite3.connect(self.settings.sqlite_path, check_same_thread=False, isolation_level=None, timeout=30)
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # ``store init`` switched it
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
