@@ -11,6 +11,7 @@ from typing import ClassVar
 __all__ = [
     "AlreadyObserved",
     "BatonError",
+    "BusUnavailable",
     "BudgetExceeded",
     "ChainBroken",
     "ConcurrencyConflict",
@@ -214,6 +215,13 @@ class ConcurrencyConflict(BatonError):
 
 class StoreUnavailable(BatonError):
     reason = "store_unavailable"
+    retryable = True
+
+
+class BusUnavailable(BatonError):
+    """The message bus cannot be reached: ``baton serve`` never says "ready" without one."""
+
+    reason = "bus_unavailable"
     retryable = True
 
 

@@ -6,15 +6,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
+from asyncio import FIRST_COMPLETED
 from urllib.parse import urlsplit
 
 from baton.adapters.bus.kafka_app import KafkaBus, KafkaOptions
 from baton.adapters.bus.nats_app import NatsBus, NatsOptions
 from baton.adapters.bus.service import Ledger
+from baton.domain.errors import BusUnavailable
 
-__all__ = ["build_bus", "serve"]
+__all__ = ["CONNECT_WITHIN_S", "STOP_WITHIN_S", "build_bus", "reachable", "serve"]
 
 log = logging.getLogger("baton.bus")
+
+CONNECT_WITHIN_S = 10  # a bus that accepts TCP but never becomes ready (the issue allows 15 s in all)
+PROBE_WITHIN_S = 3  # one TCP connect per bus address, before the client's own (slow) connect
+STOP_WITHIN_S = 4  # SIGTERM to exit: within the 5 s an orchestrator's grace period commonly starts from
 
 
 def build_bus(
@@ -44,17 +51,99 @@ async def serve(
     partitions: tuple[int, ...] = (),
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGINT or SIGTERM, then stop cleanly (in-flight batches finish first)."""
+    """Serve until SIGINT or SIGTERM, then stop within ``STOP_WITHIN_S`` (in-flight batches finish).
+
+    A signal is heard from the first line on, also while the bus is still connecting; a bus that is
+    not there fails within ``CONNECT_WITHIN_S`` with ``BusUnavailable`` (the brokers' clients retry
+    for minutes, silently, by default).
+    """
     bus = build_bus(ledger, bus_url, relay=relay, partitions=partitions)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or not POSIX
             loop.add_signal_handler(sig, stop.set)
-    async with bus:
+    try:
+        if not await _started(bus, bus_url, stop):
+            print("baton serve: stopped before the bus was ready", flush=True)
+            return
         log.info("baton serve: listening on %s", bus_url)
         print(f"baton serve: ready on {bus_url}", flush=True)
         if ready is not None:
             ready.set()
         await stop.wait()
+    finally:
+        await _stopped(bus)
     print(f"baton serve: stopped after answering {bus.service.handled} messages", flush=True)
+
+
+async def _started(bus: NatsBus | KafkaBus, bus_url: str, stop: asyncio.Event) -> bool:
+    """Start ``bus``; False if told to stop first. Every bus address is probed first, so a refused
+    port or an unknown host fails at once and names its cause."""
+    await reachable(bus_url)
+    starting = asyncio.ensure_future(bus.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({starting, stopping}, timeout=CONNECT_WITHIN_S, return_when=FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if starting in done:
+        try:
+            starting.result()
+        except Exception as exc:  # the broker's client gave up: its own words, on one line
+            raise BusUnavailable(f"cannot start on the bus {bus_url}: {type(exc).__name__}: {exc}") from exc
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # abandoned: how it ends does not matter
+        await starting
+    if stopping in done:
+        return False
+    raise BusUnavailable(f"cannot reach the bus {bus_url}: no answer within {CONNECT_WITHIN_S} s")
+
+
+async def _stopped(bus: NatsBus | KafkaBus) -> None:
+    """Stop ``bus``, draining what is in flight, for at most ``STOP_WITHIN_S``: a submission still
+    unanswered then is redelivered by the broker to another service (it was never acknowledged)."""
+    try:
+        await asyncio.wait_for(bus.stop(), STOP_WITHIN_S)
+    except TimeoutError:
+        log.warning("baton serve: stopped after %s s with work in flight (redelivered by the broker)", STOP_WITHIN_S)
+    except Exception:  # a bus that never fully started
+        log.debug("baton serve: stopping a bus that did not start", exc_info=True)
+
+
+async def reachable(bus_url: str) -> None:
+    """Open (and close) one TCP connection to some address of ``bus_url``, or raise ``BusUnavailable``
+    with the cause for each: a dead address answers at once, before a client's minutes of retries."""
+    causes = []
+    for host, port in _addresses(bus_url):
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_WITHIN_S)
+        except (OSError, TimeoutError) as exc:
+            causes.append(f"{host}:{port} {_cause(exc)}")
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+    raise BusUnavailable(f"cannot reach the bus {bus_url}: {'; '.join(causes)} (is the broker running there?)")
+
+
+def _addresses(bus_url: str) -> list[tuple[str, int]]:
+    scheme, _, rest = bus_url.partition("://")
+    default = 9092 if scheme == "kafka" else 4222
+    found = []
+    for server in rest.split(","):
+        parts = urlsplit(f"//{server.strip()}")
+        found.append((parts.hostname or "127.0.0.1", parts.port or default))
+    return found
+
+
+def _cause(exc: OSError) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"did not answer within {PROBE_WITHIN_S} s"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused the connection"
+    if isinstance(exc, socket.gaierror):
+        return "is not a known host"
+    return exc.strerror or str(exc)

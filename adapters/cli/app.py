@@ -18,7 +18,7 @@ from eventsourcing.persistence import PersistenceError
 from pydantic import ValidationError
 
 from baton.adapters.settings import BadSettings
-from baton.domain.errors import BatonError, ChainBroken, StoreUnavailable
+from baton.domain.errors import BatonError, BusUnavailable, ChainBroken, StoreUnavailable
 
 __all__ = ["EXIT_CODES", "EXIT_TABLE", "Exit", "Failed", "bad_file", "root", "unknown_run"]
 
@@ -46,6 +46,7 @@ EXIT_TABLE = (
 EXIT_CODES: dict[type[BaseException], int] = {
     ChainBroken: Exit.VERIFICATION,
     StoreUnavailable: Exit.UNAVAILABLE,
+    BusUnavailable: Exit.UNAVAILABLE,
     PersistenceError: Exit.UNAVAILABLE,
     ValidationError: Exit.USAGE,
     BadSettings: Exit.USAGE,
