@@ -38,6 +38,8 @@ class _NoLedger:
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]:
         raise StoreUnavailable(_NO_STORE)
 
+    lease_takeovers = 0
+
 
 _nats = NatsBus(_NoLedger(), "nats://localhost:4222").broker
 describe_nats_consumers(_nats)

@@ -26,11 +26,13 @@ from aiokafka.structs import RecordMetadata
 from faststream import AckPolicy, Context, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.message import KafkaMessage
+from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 
 from baton.adapters.bus.lifecycle import BusLifecycle
 from baton.adapters.bus.relay import EventRelay, encode_event, event_message_id
 from baton.adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody, raw_body
 from baton.adapters.bus.service import Ledger, SubmissionService
+from baton.adapters.observability import Telemetry
 from baton.adapters.wire import encode_verdict
 from baton.domain.events import RecordedEvent
 
@@ -58,11 +60,16 @@ class KafkaBus(BusLifecycle):
 
     options: KafkaOptions
 
-    def __init__(self, ledger: Ledger, bootstrap: str, options: KafkaOptions | None = None) -> None:
+    def __init__(
+        self, ledger: Ledger, bootstrap: str, options: KafkaOptions | None = None, *, telemetry: Telemetry | None = None
+    ) -> None:
         self.options = options = options or KafkaOptions()
         self.bootstrap = bootstrap
-        self.service = SubmissionService(ledger, max_batch=options.max_batch)
-        self.broker = KafkaBroker(bootstrap, log_level=logging.DEBUG)
+        self.service = SubmissionService(ledger, max_batch=options.max_batch, telemetry=telemetry)
+        # FastStream's consume span per batch; each submission's span (``Telemetry``) is its child
+        spans = () if telemetry is None else (KafkaTelemetryMiddleware(tracer_provider=telemetry.tracer_provider),)
+        # FastStream's own loggers colour their lines always; the service's go through logging
+        self.broker = KafkaBroker(bootstrap, logger=log, log_level=logging.DEBUG, middlewares=spans)
         self.app = FastStream(self.broker, logger=None)
         self._sink = _KafkaSink(self)
         self.relay = EventRelay(ledger, self._sink, wake=self.service.committed)
@@ -105,11 +112,12 @@ class KafkaBus(BusLifecycle):
             # `bodies` only types the AsyncAPI payload; the raw records carry the keys and headers.
             records = msg.raw_message
             assert isinstance(records, tuple)
-            batch = [(r.value or b"", r.key.decode() if r.key else None) for r in records]
-            answers = await service.handle_ordered(batch)
+            headed = [{k: v.decode() for k, v in r.headers} for r in records]
+            answers = await service.handle_ordered(
+                [(r.value or b"", r.key.decode() if r.key else None, h) for r, h in zip(records, headed, strict=True)]
+            )
             sends: list[asyncio.Future[RecordMetadata]] = []
-            for record, verdict in zip(records, answers, strict=True):
-                headers = {k: v.decode() for k, v in record.headers}
+            for headers, verdict in zip(headed, answers, strict=True):
                 reply_headers = {"correlation_id": headers.get("correlation_id", "")}
                 key = (verdict.run_id or "").encode()
                 topic = headers.get("reply_to") or VERDICTS_TOPIC

@@ -31,6 +31,7 @@ from baton.adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Res
 from baton.adapters.bus.relay import EventRelay, encode_event, event_message_id
 from baton.adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
 from baton.adapters.bus.service import Ledger, SubmissionService
+from baton.adapters.observability import Telemetry
 from baton.domain.events import RecordedEvent
 
 __all__ = [
@@ -115,10 +116,15 @@ class NatsBus(BusLifecycle):
 
     options: NatsOptions
 
-    def __init__(self, ledger: Ledger, url: str, options: NatsOptions | None = None) -> None:
+    def __init__(
+        self, ledger: Ledger, url: str, options: NatsOptions | None = None, *, telemetry: Telemetry | None = None
+    ) -> None:
         self.options = options = options or NatsOptions()
-        self.service = SubmissionService(ledger, max_batch=options.max_batch, group_commit=options.group_commit)
-        self.broker = NatsBroker(url, log_level=logging.DEBUG)
+        self.service = SubmissionService(
+            ledger, max_batch=options.max_batch, group_commit=options.group_commit, telemetry=telemetry
+        )
+        # FastStream's own loggers colour their lines always; the service's go through logging
+        self.broker = NatsBroker(url, logger=log, log_level=logging.DEBUG)
         self.app = FastStream(self.broker, logger=None)
         self.relay = EventRelay(ledger, _JetStreamSink(self), wake=self.service.committed)
         self._relay_task: asyncio.Task[None] | None = None

@@ -99,7 +99,7 @@ class Responder:
         # nats-py awaits this callback before delivering the subscription's next message, so it
         # only queues the submission: the verdict comes back through ``answer`` with its batch.
         try:
-            checked = self.service.check(msg.data, _request_run_id(msg.subject))
+            checked = self.service.check(msg.data, _request_run_id(msg.subject), msg.headers)
             if isinstance(checked, Verdict):  # bad input: answered at once, nothing stored
                 if msg.reply:
                     await self.nc.publish(msg.reply, encode_verdict(checked))
@@ -109,7 +109,7 @@ class Responder:
                 await self._room.wait()
             self._in_flight += 1
             self._idle.clear()
-            self.service.enqueue(checked, self, msg.reply)
+            self.service.enqueue(checked, self, msg.reply, msg.headers)
         except Exception:  # the service answers bad input itself; this is a lost connection or a bug
             log.exception("request-reply: no verdict sent for a message on %s", msg.subject)
 
@@ -219,7 +219,8 @@ class DurableConsumer:
 
     async def _answer(self, messages: list[Msg]) -> None:
         try:
-            verdicts = await self.service.handle_ordered([(m.data, _durable_run_id(m.subject)) for m in messages])
+            deliveries = [(m.data, _durable_run_id(m.subject), m.headers) for m in messages]
+            verdicts = await self.service.handle_ordered(deliveries)
             for msg, verdict in zip(messages, verdicts, strict=True):
                 reply = (msg.headers or {}).get(REPLY_HEADER)
                 if reply:

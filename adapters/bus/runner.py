@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from baton.adapters.bus.kafka_app import KafkaBus, KafkaOptions
 from baton.adapters.bus.nats_app import NatsBus, NatsOptions
 from baton.adapters.bus.service import Ledger
+from baton.adapters.observability import MetricsServer, ServiceMetrics, Telemetry
 from baton.domain.errors import BusUnavailable
 
 __all__ = ["CONNECT_WITHIN_S", "STOP_WITHIN_S", "build_bus", "reachable", "serve"]
@@ -31,15 +32,18 @@ def build_bus(
     relay: bool = True,
     group_commit: bool = True,
     partitions: tuple[int, ...] = (),
+    metrics: ServiceMetrics | None = None,
 ) -> NatsBus | KafkaBus:
     """``nats://host:port`` or ``kafka://host:port[,host:port...]`` -> the service for that bus."""
     scheme = urlsplit(bus_url).scheme
     if scheme in {"nats", "tls"}:
-        return NatsBus(ledger, bus_url, NatsOptions(relay=relay, group_commit=group_commit, partitions=partitions))
+        options = NatsOptions(relay=relay, group_commit=group_commit, partitions=partitions)
+        return NatsBus(ledger, bus_url, options, telemetry=Telemetry(metrics=metrics, system="nats"))
     if partitions:
         raise ValueError("--partitions is for NATS; Kafka's own partitions already keep a run on one service")
     if scheme == "kafka":
-        return KafkaBus(ledger, bus_url.split("://", 1)[1], KafkaOptions(relay=relay))
+        telemetry = Telemetry(metrics=metrics, system="kafka")
+        return KafkaBus(ledger, bus_url.split("://", 1)[1], KafkaOptions(relay=relay), telemetry=telemetry)
     raise ValueError(f"unsupported bus URL {bus_url!r}: use nats://HOST:PORT or kafka://HOST:PORT")
 
 
@@ -50,14 +54,39 @@ async def serve(
     relay: bool = True,
     partitions: tuple[int, ...] = (),
     ready: asyncio.Event | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Serve until SIGINT or SIGTERM, then stop within ``STOP_WITHIN_S`` (in-flight batches finish).
 
     A signal is heard from the first line on, also while the bus is still connecting; a bus that is
     not there fails within ``CONNECT_WITHIN_S`` with ``BusUnavailable`` (the brokers' clients retry
-    for minutes, silently, by default).
+    for minutes, silently, by default). With ``metrics_port``, ``/metrics`` is served there
+    (Prometheus) until the service has stopped; port 0 picks a free one, printed with "ready".
     """
-    bus = build_bus(ledger, bus_url, relay=relay, partitions=partitions)
+    metrics = None if metrics_port is None else ServiceMetrics(takeovers=lambda: ledger.lease_takeovers)
+    bus = build_bus(ledger, bus_url, relay=relay, partitions=partitions, metrics=metrics)
+    server = None if metrics is None or metrics_port is None else _metrics_server(metrics, metrics_port, metrics_host)
+    try:
+        served = await _serve(bus, bus_url, ready, server)
+    finally:
+        if server is not None:
+            server.close()
+    if served:
+        print(f"baton serve: stopped after answering {bus.service.handled} messages", flush=True)
+
+
+def _metrics_server(metrics: ServiceMetrics, port: int, host: str) -> MetricsServer:
+    try:
+        return MetricsServer(metrics, port, host)
+    except OSError as exc:  # the CLI prints it as one line
+        raise ValueError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _serve(
+    bus: NatsBus | KafkaBus, bus_url: str, ready: asyncio.Event | None, server: MetricsServer | None
+) -> bool:
+    """True once served and stopped; False if told to stop before the bus was ready."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -66,15 +95,16 @@ async def serve(
     try:
         if not await _started(bus, bus_url, stop):
             print("baton serve: stopped before the bus was ready", flush=True)
-            return
+            return False
         log.info("baton serve: listening on %s", bus_url)
-        print(f"baton serve: ready on {bus_url}", flush=True)
+        metrics = "" if server is None else f", metrics on http://{server.host}:{server.port}/metrics"
+        print(f"baton serve: ready on {bus_url}{metrics}", flush=True)
         if ready is not None:
             ready.set()
         await stop.wait()
     finally:
         await _stopped(bus)
-    print(f"baton serve: stopped after answering {bus.service.handled} messages", flush=True)
+    return True
 
 
 async def _started(bus: NatsBus | KafkaBus, bus_url: str, stop: asyncio.Event) -> bool:

@@ -24,15 +24,24 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from baton.adapters.wire import decode_submission, rejection
 from baton.domain import errors
 from baton.domain.commands import Submission, Verdict
 from baton.domain.events import RecordedEvent
 
-__all__ = ["Answers", "Ledger", "SubmissionService"]
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from baton.adapters.observability import Telemetry
+
+__all__ = ["Answers", "Delivery", "Ledger", "SubmissionService"]
+
+# A message from a durable stream: its bytes, the run its subject or key names, its headers.
+Delivery = tuple[bytes, str | None, Mapping[str, str] | None]
 
 log = logging.getLogger("baton.bus")
 
@@ -45,6 +54,9 @@ class Ledger(Protocol):
     def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]: ...
 
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]: ...
+
+    @property
+    def lease_takeovers(self) -> int: ...
 
 
 class Answers(Protocol):
@@ -77,8 +89,17 @@ _FUTURES = _Futures()
 class SubmissionService:
     """Decode, submit with group commit, answer; never raises for bad input or a store outage."""
 
-    def __init__(self, ledger: Ledger, *, max_batch: int = 64, pipelines: int = 1, group_commit: bool = True) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        max_batch: int = 64,
+        pipelines: int = 1,
+        group_commit: bool = True,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.ledger = ledger
+        self.telemetry = telemetry  # spans and metrics (``baton serve``); None: nothing measured
         self.max_batch = max_batch if group_commit else 1
         self.pipelines = pipelines
         self.handled = 0  # messages answered by this process (the scale-out test reads it)
@@ -114,7 +135,7 @@ class SubmissionService:
             if thread.is_alive():  # still in a slow store after the join's wait: its stop signal again
                 self._jobs.put(None)
         if left:
-            _abandon(left, asyncio.CancelledError())
+            self._abandon(left, asyncio.CancelledError())
         if self._deliveries:
             await asyncio.wait(set(self._deliveries), timeout=10)
 
@@ -128,18 +149,25 @@ class SubmissionService:
                     left.append(job)
         return left
 
-    def check(self, raw: bytes, run_id: str | None = None) -> Submission | Verdict:
+    def check(
+        self, raw: bytes, run_id: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> Submission | Verdict:
         """The submission in ``raw``, or its rejection; ``run_id`` is the run the transport addressed, if any."""
         self.handled += 1
         decoded = decode_submission(raw)
         if run_id is not None and isinstance(decoded, Submission) and decoded.run_id != run_id:
             message = f"the message is addressed to run {run_id!r} but carries run {decoded.run_id!r}"
-            return rejection(decoded.submission_id, decoded.run_id, errors.Malformed.reason, message)
+            decoded = rejection(decoded.submission_id, decoded.run_id, errors.Malformed.reason, message)
+        if isinstance(decoded, Verdict) and self.telemetry is not None:
+            self.telemetry.refused(decoded, headers)
         return decoded
 
-    def enqueue(self, submission: Submission, answers: Answers, token: Any) -> None:
+    def enqueue(
+        self, submission: Submission, answers: Answers, token: Any, headers: Mapping[str, str] | None = None
+    ) -> None:
         """Submit with group commit; ``answers`` gets the verdict with ``token`` (after ``start``)."""
-        self._jobs.put((submission, answers, token))
+        span = None if self.telemetry is None else self.telemetry.received(submission, headers)
+        self._jobs.put((submission, answers, token, span))
 
     async def handle(self, raw: bytes, *, run_id: str | None = None) -> Verdict:
         """The verdict for one raw message; ``run_id`` is the run the transport addressed, if any."""
@@ -155,15 +183,19 @@ class SubmissionService:
         self.enqueue(submission, _FUTURES, future)
         return await future
 
-    async def handle_ordered(self, messages: Sequence[tuple[bytes, str | None]]) -> list[Verdict]:
+    async def handle_ordered(self, messages: Sequence[Delivery]) -> list[Verdict]:
         """Verdicts for a batch from a durable stream, appended in the batch's order (one thread call)."""
         verdicts: list[Verdict | None] = []
         valid: list[tuple[int, Submission]] = []
-        for raw, run_id in messages:
-            decoded = self.check(raw, run_id)
+        telemetry = self.telemetry
+        spans: list[Span] = []
+        for raw, run_id, headers in messages:
+            decoded = self.check(raw, run_id, headers)
             if isinstance(decoded, Submission):
                 valid.append((len(verdicts), decoded))
                 verdicts.append(None)
+                if telemetry is not None:
+                    spans.append(telemetry.received(decoded, headers))
             else:
                 verdicts.append(decoded)
         if valid:
@@ -172,6 +204,8 @@ class SubmissionService:
             for (index, _), verdict in zip(valid, answers, strict=True):
                 verdicts[index] = verdict
             self.committed.set()
+            if telemetry is not None:
+                telemetry.answered(spans, answers)
         return [v for v in verdicts if v is not None]
 
     def _pipeline(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -195,10 +229,10 @@ class SubmissionService:
                         break
                     batch.append(job)
             try:
-                verdicts = self._submit_batch([s for s, _, _ in batch])
+                verdicts = self._submit_batch([job[0] for job in batch])
             except BaseException as exc:  # never leave a caller waiting, even on the way out
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_abandon, batch, exc)
+                    loop.call_soon_threadsafe(self._abandon, batch, exc)
                 raise
             try:
                 loop.call_soon_threadsafe(self._delivered, batch, verdicts)
@@ -208,46 +242,54 @@ class SubmissionService:
     def _delivered(self, batch: list[_Job], verdicts: list[Verdict]) -> None:
         """In the event loop: one task answers the verdicts of one batch."""
         self.committed.set()
-        task = asyncio.ensure_future(_deliver(batch, verdicts))
+        task = asyncio.ensure_future(_deliver(batch, verdicts, self.telemetry))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
     def _submit_batch(self, batch: list[Submission]) -> list[Verdict]:
         """Runs in a thread. A store outage answers every submission ``store_unavailable`` (retryable)."""
+        started = time.perf_counter()
         try:
-            return [self.ledger.submit(batch[0])] if len(batch) == 1 else self.ledger.submit_many(batch)
+            verdicts = [self.ledger.submit(batch[0])] if len(batch) == 1 else self.ledger.submit_many(batch)
         except errors.StoreUnavailable as exc:
-            return [_unavailable(s, str(exc)) for s in batch]
+            verdicts = [_unavailable(s, str(exc)) for s in batch]
         except Exception as exc:
             log.exception("store error")
-            return [_unavailable(s, f"store error: {type(exc).__name__}: {exc}") for s in batch]
+            verdicts = [_unavailable(s, f"store error: {type(exc).__name__}: {exc}") for s in batch]
+        if self.telemetry is not None:
+            self.telemetry.appended(time.perf_counter() - started, len(batch))
+        return verdicts
+
+    def _abandon(self, batch: list[_Job], exc: BaseException) -> None:
+        groups: dict[Answers, list[Any]] = {}
+        for _, answers, token, _ in batch:
+            groups.setdefault(answers, []).append(token)
+        for answers, tokens in groups.items():
+            answers.abandon(tokens, exc)
+        if self.telemetry is not None:
+            self.telemetry.abandoned([span for *_, span in batch if span is not None], exc)
 
 
-_Job = tuple[Submission, Answers, Any]
+# a submission, where its verdict goes (and with which token), its span when measured
+_Job = tuple[Submission, Answers, Any, "Span | None"]
 
 
-async def _deliver(batch: list[_Job], verdicts: list[Verdict]) -> None:
+async def _deliver(batch: list[_Job], verdicts: list[Verdict], telemetry: Telemetry | None) -> None:
     """One ``answer`` call per destination (nearly always one: the responder)."""
     first = batch[0][1]
-    if all(answers is first for _, answers, _ in batch):
-        groups = {first: [(token, v) for (_, _, token), v in zip(batch, verdicts, strict=True)]}
+    if all(job[1] is first for job in batch):
+        groups = {first: [(job[2], v) for job, v in zip(batch, verdicts, strict=True)]}
     else:
         groups = {}
-        for (_, answers, token), verdict in zip(batch, verdicts, strict=True):
+        for (_, answers, token, _), verdict in zip(batch, verdicts, strict=True):
             groups.setdefault(answers, []).append((token, verdict))
     for answers, items in groups.items():
         try:
             await answers.answer(items)
         except Exception:  # a lost connection or a bug: the other destinations still get theirs
             log.exception("verdicts of %d submissions not delivered", len(items))
-
-
-def _abandon(batch: list[_Job], exc: BaseException) -> None:
-    groups: dict[Answers, list[Any]] = {}
-    for _, answers, token in batch:
-        groups.setdefault(answers, []).append(token)
-    for answers, tokens in groups.items():
-        answers.abandon(tokens, exc)
+    if telemetry is not None:
+        telemetry.answered([job[3] for job in batch if job[3] is not None], verdicts)
 
 
 def _unavailable(submission: Submission, message: str) -> Verdict:

@@ -10,6 +10,7 @@ import click
 from baton.adapters.bootstrap import open_ledger
 from baton.adapters.cli.app import Failed
 from baton.adapters.cli.options import store_option
+from baton.adapters.observability.logs import LogFormat, configure_logging
 
 __all__ = ["COMMANDS"]
 
@@ -37,14 +38,47 @@ def _partitions(ctx: click.Context, param: click.Parameter, text: str | None) ->
     help="NATS: answer only these run partitions (the server maps baton.runs.*.submit onto them; "
     "see docs/operations.md, Scaling out)",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="serve Prometheus metrics on http://HOST:PORT/metrics (0: a free port, printed when ready)",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST", help="the address --metrics-port binds"
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    show_default=True,
+    help="log lines on stderr: JSON, or console lines (coloured on a terminal); auto: console on a terminal",
+)
 @store_option
-def serve(bus: str, no_relay: bool, partitions: tuple[int, ...], store: str | None) -> int:
+def serve(
+    bus: str,
+    no_relay: bool,
+    partitions: tuple[int, ...],
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: LogFormat,
+    store: str | None,
+) -> int:
     """Serve submissions on a bus (NATS or Kafka)."""
     from baton.adapters.bus import serve as serve_bus  # noqa: PLC0415 (faststream and the brokers are slow to import)
 
+    configure_logging(fmt=log_format)
     with contextlib.closing(open_ledger(store)) as ledger:
         try:
-            asyncio.run(serve_bus(ledger, bus, relay=not no_relay, partitions=partitions))
+            served = serve_bus(
+                ledger,
+                bus,
+                relay=not no_relay,
+                partitions=partitions,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+            )
+            asyncio.run(served)
         except ValueError as exc:  # the bus URL, or partitions on Kafka
             raise Failed(str(exc)) from None
     return 0

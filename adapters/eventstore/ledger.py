@@ -129,6 +129,11 @@ class RunLedger(Application[str]):
         except (OperationalError, InterfaceError) as exc:
             raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
 
+    @property
+    def lease_takeovers(self) -> int:
+        """Leases this process's appends ended by force (ttl passed, or the holder's session gone)."""
+        return self._writes.lease_takeovers
+
     # -- writing -----------------------------------------------------------------------------
 
     def submit(self, submission: Submission) -> Verdict:

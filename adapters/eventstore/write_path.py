@@ -9,6 +9,7 @@ A retry of an accepted submission returns the original verdict; a fence failure 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Sequence
 from typing import NamedTuple, cast
@@ -35,7 +36,7 @@ from baton.domain import errors, identity
 from baton.domain.chain import seal_stored
 from baton.domain.commands import AcceptHandoff, RecordIntent, Submission, Verdict
 from baton.domain.decide import UNFENCED_COMMANDS, decide, envelope_epoch
-from baton.domain.events import Event, IntentRecorded
+from baton.domain.events import Event, IntentRecorded, LeaseExpired
 from baton.domain.fencing import Fence, fence_for
 from baton.domain.generation_zero import blobs_of
 from baton.domain.identity import REGISTRY_RUN
@@ -78,6 +79,8 @@ class WritePath:
         self.clock = clock
         self._unopened_until = 0.0  # until then, a cached "no registry" is believed without a look
         self._this_store: str | None = None  # this store's id, once read (``_store_id``)
+        self.lease_takeovers = 0  # leases this process's appends ended by force (``baton_lease_takeovers``)
+        self._tally = threading.Lock()
 
     def current(self, run_id: str, *, refresh: bool = True) -> RunState:
         """The cached state, caught up with the store's log unless ``refresh`` is off.
@@ -156,7 +159,7 @@ class WritePath:
                 await appender.insert_events(draft.stored, fences=draft.fences, submissions=draft.rows, riders=riders)
             except PersistenceError:
                 return None
-            self.cache.put(draft.after)
+            self._stored(draft)
             return draft.verdicts[0]
         finally:
             stripe.release()
@@ -186,8 +189,16 @@ class WritePath:
                     return None if all_or_nothing else self._after_failed_append(batch[0], failure)
             except (OperationalError, InterfaceError) as exc:  # reads included: a verdict, or this
                 raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
-            self.cache.put(draft.after)
+            self._stored(draft)
             return draft.verdicts
+
+    def _stored(self, draft: _Draft) -> None:
+        """``draft`` is in the store: cache its states, count the leases it ended by force."""
+        self.cache.put(draft.after)
+        ended = sum(1 for event in draft.pending if isinstance(event.recorded.body, LeaseExpired))
+        if ended:  # rare: the lock is taken only then (appends of other runs run in other threads)
+            with self._tally:
+                self.lease_takeovers += ended
 
     def _registry(self, *, refresh: bool) -> RunState | None:
         """The principal registry's state, if the store has one: cached states are never changed, so

@@ -17,11 +17,16 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, stage, submission
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.bus import KafkaBus
 from baton.adapters.bus.kafka_app import EVENTS_TOPIC, SUBMISSIONS_TOPIC
 from baton.adapters.eventstore import RunLedger
+from baton.adapters.observability import Telemetry
+from baton.adapters.observability.telemetry import SPAN_NAME
 from baton.adapters.wire import MAX_SUBMISSION_BYTES, decode_verdict, encode_submission
 from baton.domain.commands import ExpireLease, Submission, Verdict
 from baton.domain.events import RecordedEvent
@@ -38,6 +43,7 @@ FETCH_WAIT_MS = 20
 class KafkaService:
     bootstrap: str
     ledger: RunLedger
+    spans: InMemorySpanExporter
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +54,19 @@ def kafka_service(tansu_server: LocalTansu, postgres_server: LocalPostgres) -> I
     init_store(url)
     ledger = open_ledger(url)
     loop = BackgroundLoop()
-    bus = KafkaBus(ledger, tansu_server.bootstrap)
+    spans, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    bus = KafkaBus(ledger, tansu_server.bootstrap, telemetry=Telemetry(tracer_provider=provider, system="kafka"))
     try:
         loop.run(bus.start())
-        yield KafkaService(tansu_server.bootstrap, ledger)
+        yield KafkaService(tansu_server.bootstrap, ledger, spans)
     finally:
         try:
             loop.run(bus.stop())
         finally:
             loop.close()
             ledger.close()
+            provider.shutdown()
             postgres_server.drop_database(name)
 
 
@@ -224,3 +233,26 @@ def test_the_events_topic_holds_every_committed_event_of_the_store(kafka_service
             assert streamed[run_id] == list(kafka_service.ledger.history(run_id))
 
     run(kafka_service, scenario)
+
+
+def test_each_kafka_submission_is_a_span_under_faststreams_consume_span(kafka_service: KafkaService) -> None:
+    """Given the service with a tracer provider, when a submission is answered over Kafka, then its
+    span carries the run, submission, verdict and position, a child of FastStream's consume span."""
+    run_id = f"k-{uuid.uuid4().hex[:8]}"
+
+    async def scenario(worker: Worker) -> None:
+        assert (await worker.request(open_run(run_id), key=run_id)).verdict == "accepted"
+
+    run(kafka_service, scenario)
+    finished = kafka_service.spans.get_finished_spans()
+    ours = [s for s in finished if s.name == SPAN_NAME and (s.attributes or {}).get("baton.run_id") == run_id]
+
+    assert len(ours) == 1
+    span = ours[0]
+    assert (span.attributes or {})["baton.submission_id"] == f"open-{run_id}"
+    assert (span.attributes or {})["baton.verdict"] == "accepted"
+    assert (span.attributes or {})["baton.position"] == 1
+    assert (span.attributes or {})["messaging.system"] == "kafka"
+    parents = {s.context.span_id: s for s in finished if s.context is not None}
+    assert span.parent is not None and span.parent.span_id in parents
+    assert SUBMISSIONS_TOPIC in parents[span.parent.span_id].name  # FastStream's "baton.submissions process"

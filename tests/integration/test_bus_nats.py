@@ -11,7 +11,7 @@ import contextlib
 import gc
 import json
 import multiprocessing
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 import msgspec
@@ -320,12 +320,14 @@ def test_partitioned_services_each_answer_every_request_of_their_runs(bus_store_
     """Given runs mapped onto 4 partitions and two services owning two each, then each run has one service."""
     answered: dict[str, set[str]] = {"A": set(), "B": set()}
 
+    Checked = Submission | Verdict
+
     def recording(bus: NatsBus, name: str) -> None:
         check = bus.service.check
 
-        def spy(raw: bytes, run_id: str | None = None) -> Submission | Verdict:
+        def spy(raw: bytes, run_id: str | None = None, headers: Mapping[str, str] | None = None) -> Checked:
             answered[name].add(str(run_id))
-            return check(raw, run_id)
+            return check(raw, run_id, headers)
 
         bus.service.check = spy  # type: ignore[method-assign]
 

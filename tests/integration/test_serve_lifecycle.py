@@ -5,11 +5,8 @@ any moment, answering what it already took. The real CLI in a subprocess, on a r
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,36 +15,13 @@ from pathlib import Path
 import nats
 import pytest
 from bus_support import open_run, request
+from serve_support import finished, serve, wait_for_line
 
 from baton.adapters.bootstrap import init_store, open_ledger
 
 STOP_WITHIN_S = 5.0
 STORE_CHECK_WITHIN_S = 5.0 + 3.0  # the bound, and an interpreter start that imports the brokers
 BUS_FAILS_WITHIN_S = 15.0 + 3.0
-
-
-def serve(cwd: Path, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "BATON_STORE"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "baton.adapters.cli", "serve", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finished(process: subprocess.Popen[str], within: float) -> tuple[int, str, str, float]:
-    started = time.monotonic()
-    stdout, stderr = process.communicate(timeout=within + 30)  # the margin only to report a slow exit
-    return process.returncode, stdout, stderr, time.monotonic() - started
-
-
-def wait_for_line(process: subprocess.Popen[str], text: str) -> None:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert text in line, line + (process.stderr.read() if process.stderr else "")
 
 
 @pytest.fixture
