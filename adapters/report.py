@@ -6,6 +6,13 @@ as bands, each epoch change, lease takeover and handoff marked; the budget burn-
 counter against its ceiling; the audit's verdict; and the events as a table. The model is
 ``projections.report`` (pure); this module only draws it, escaping everything that comes from the log.
 The command is ``adapters/cli/audit.py``.
+
+A long run is drawn at a bounded size, so a 100,000-event run stays a page a browser opens at once:
+past ``MARK_LIMIT`` events each lane becomes a density strip (events per column, darker where
+busier) with only the notable events drawn one by one (lease grants and ends, transitions,
+checkpoints, authority, handoffs, the run's ends, whatever the audit names), the burn-down plots
+keep the last value per pixel column, and the event table shows the first and last rows and every
+row the audit names, saying how many of how many it shows.
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ TOP, LANE, AXIS = 48, 46, 30  # stage-label and epoch rows above the lanes; lane
 PLOT_W, PLOT_H, PLOT_PAD = 300, 120, 26
 STAGE_COLOURS = ("#e8f0fe", "#fdf1d8", "#f3e5f5", "#e0f2f1", "#fff3e0", "#ede7f6", "#fce4ec", "#e8f5e9", "#dcedc8")
 LABELS = {"cost_micros": "cost (micros)"}
+MARK_LIMIT = 2_000  # past this many events the lanes are density strips (module docstring)
+NOTABLE_LIMIT = 1_000  # notable events drawn one by one in a density timeline, at most
+COLUMNS = 600  # density columns across the timeline
+TABLE_ENDS = 250  # rows at each end of a long event table
+PLOT_POINTS = 2 * PLOT_W  # burn-down steps kept per plot: two per horizontal unit
+ROUTINE = frozenset({"StageReserved", "IntentRecorded", "ObservationRecorded", "LeaseRenewed"})
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px 32px;color:#1d2430}
@@ -40,6 +53,7 @@ svg text{font:11px system-ui,sans-serif;fill:#1d2430}
 .takeover path{stroke:#e65100;stroke-width:2;fill:none}.takeover text{fill:#e65100;font-weight:600}
 .handoff-link{stroke:#6a1b9a;stroke-width:2;fill:none;stroke-dasharray:2 2}
 .event{stroke:#fff;stroke-width:1}.event.problem{stroke:#d50000;stroke-width:3}
+.density rect{fill:#1e88e5}.lane-count{font-size:10px;fill:#5a6472}
 .k-life{fill:#37474f}.k-lease{fill:#ef6c00}.k-operation{fill:#1e88e5}.k-stage{fill:#43a047}
 .k-checkpoint{fill:#00897b}.k-authority{fill:#8e24aa}.k-handoff{fill:#6a1b9a}
 .axis line{stroke:#9aa5b4}.axis text{fill:#5a6472;font-size:10px}
@@ -152,11 +166,22 @@ def _epoch_strip(frame: _Frame) -> str:
 
 
 def _lanes(frame: _Frame) -> str:
+    """One lane per worker, labelled with its name and how many of the run's events it appended."""
+    counts = dict.fromkeys(frame.lanes, 0)
+    for mark in frame.report.marks:
+        counts[mark.worker] += 1
     return "".join(
         f'<g class="lane" data-worker="{_e(worker)}"><line class="lane-line" x1="{LEFT}" y1="{_n(y)}" '
-        f'x2="{WIDTH - RIGHT}" y2="{_n(y)}"/><text class="lane-label" x="8" y="{_n(y + 4)}">{_e(worker)}</text></g>'
+        f'x2="{WIDTH - RIGHT}" y2="{_n(y)}"/><text class="lane-label" x="8" y="{_n(y)}">{_e(_clip(worker))}'
+        f'<title>{_e(worker)}</title></text><text class="lane-count" x="8" y="{_n(y + 12)}">'
+        f"{_count(counts[worker], 'event')}</text></g>"
         for worker, y in frame.lanes.items()
     )
+
+
+def _clip(text: str, width: int = 18) -> str:
+    """A lane label that fits left of the lanes (the whole name is the label's tooltip)."""
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
 def _epoch_changes(frame: _Frame) -> str:
@@ -205,9 +230,46 @@ def _handoff_links(frame: _Frame) -> str:
 
 
 def _marks(frame: _Frame) -> str:
-    radius = max(2.5, min(7.0, frame.scale.step / 2.6))
-    marks = "".join(_mark(m, frame.scale.x(m.position), frame.lanes[m.worker], radius) for m in frame.report.marks)
-    return f'<g class="events">{marks}</g>'
+    marks = frame.report.marks
+    if len(marks) <= MARK_LIMIT:
+        radius = max(2.5, min(7.0, frame.scale.step / 2.6))
+        drawn = "".join(_mark(m, frame.scale.x(m.position), frame.lanes[m.worker], radius) for m in marks)
+        return f'<g class="events">{drawn}</g>'
+    notable = _notable(marks)
+    drawn = "".join(_mark(m, frame.scale.x(m.position), frame.lanes[m.worker], 4.0) for m in notable)
+    return f'{_density(frame)}<g class="events" data-drawn="{len(notable)}">{drawn}</g>'
+
+
+def _notable(marks: tuple[Mark, ...]) -> list[Mark]:
+    """The events a long timeline still draws one by one: what the audit names first, then the rest in order."""
+    named = [m for m in marks if m.problems]
+    rest = [m for m in marks if m.type not in ROUTINE and not m.problems]
+    return sorted(named[:NOTABLE_LIMIT] + rest[: max(NOTABLE_LIMIT - len(named), 0)], key=lambda m: m.position)
+
+
+def _density(frame: _Frame) -> str:
+    """Each lane as ``COLUMNS`` cells: a cell's height and shade grow with the events it holds, and a cell
+    with any event is drawn, so a worker with a single event among a hundred thousand still shows."""
+    head = max(frame.report.head, 1)
+    cells: dict[str, list[int]] = {worker: [0] * COLUMNS for worker in frame.lanes}
+    for mark in frame.report.marks:
+        cells[mark.worker][min((mark.position - 1) * COLUMNS // head, COLUMNS - 1)] += 1
+    busiest = max((max(row) for row in cells.values()), default=1) or 1
+    width = (WIDTH - RIGHT - LEFT) / COLUMNS
+    out = []
+    for worker, row in cells.items():
+        y = frame.lanes[worker]
+        lane = _e(worker)
+        for column, count in enumerate(row):
+            if count:
+                share = math.sqrt(count / busiest)  # a few events stay visible beside the busiest cell
+                half = 3 + 13 * share
+                out.append(
+                    f'<rect class="cell" data-worker="{lane}" x="{_n(LEFT + column * width)}" y="{_n(y - half)}" '
+                    f'width="{_n(max(width, 1))}" height="{_n(2 * half)}" fill-opacity="{0.35 + 0.65 * share:.2f}">'
+                    f"<title>{count:,} events of {lane}</title></rect>"
+                )
+    return f'<g class="density" data-columns="{COLUMNS}">{"".join(out)}</g>'
 
 
 def _axis(frame: _Frame) -> str:
@@ -281,7 +343,7 @@ def _budget(series: BudgetSeries, head: int) -> str:
         return y0 - (y0 - y1) * value / top
 
     path = f"M{_n(scale.edge(series.points[0][0]) if series.points else scale.left)} {_n(y(0))}"
-    for position, value in series.points:
+    for position, value in _thinned(series.points, head):
         path += f"H{_n(scale.x(position))}V{_n(y(value))}"
     path += f"H{_n(scale.edge(head + 1))}"
     area = f"{path}V{_n(y0)}H{_n(scale.left)}z"
@@ -308,8 +370,18 @@ def _budget(series: BudgetSeries, head: int) -> str:
     return "".join(parts)
 
 
+def _thinned(points: tuple[tuple[int, int], ...], head: int) -> tuple[tuple[int, int], ...]:
+    """At most about ``PLOT_POINTS`` steps: the last value in each column, so the end and any crossing stay."""
+    if len(points) <= PLOT_POINTS:
+        return points
+    kept: dict[int, tuple[int, int]] = {}
+    for point in points:
+        kept[point[0] * PLOT_POINTS // max(head, 1)] = point
+    return tuple(kept.values())
+
+
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def _compact(value: int) -> str:
@@ -340,15 +412,30 @@ def _verdict(report: RunReport) -> str:
 
 
 def _events(report: RunReport) -> str:
-    rows = "".join(
-        f'<tr{" class=problem" if m.problems else ""}><td class="num">{m.position}</td><td>{_e(_iso(m.recorded_at))}'
-        f"</td><td>{_e(m.type)}</td><td>{_e(m.worker)}</td><td class=num>{m.epoch}</td><td>{_e(m.summary)}</td>"
-        f"<td>{_e(', '.join(m.problems))}</td></tr>"
-        for m in report.marks
-    )
+    marks = report.marks
+    shown = list(marks)
+    note = ""
+    if len(marks) > 2 * TABLE_ENDS:
+        middle = [m for m in marks[TABLE_ENDS:-TABLE_ENDS] if m.problems][:TABLE_ENDS]
+        shown = [*marks[:TABLE_ENDS], *middle, *marks[-TABLE_ENDS:]]
+        note = (
+            f'<p id="events-shown" class="meta">Showing {len(shown):,} of {len(marks):,} events: the first and '
+            f"last {TABLE_ENDS}, and {_count(len(middle), 'event')} between them that the audit names. "
+            f"<code>baton history {_e(report.run_id)}</code> lists them all.</p>"
+        )
+    rows = []
+    for i, m in enumerate(shown):
+        if i and m.position != shown[i - 1].position + 1:
+            gap = m.position - shown[i - 1].position - 1
+            rows.append(f'<tr class="gap"><td colspan="7">\u2026 {gap:,} events not shown \u2026</td></tr>')
+        rows.append(
+            f'<tr{" class=problem" if m.problems else ""}><td class="num">{m.position}</td>'
+            f"<td>{_e(_iso(m.recorded_at))}</td><td>{_e(m.type)}</td><td>{_e(m.worker)}</td>"
+            f"<td class=num>{m.epoch}</td><td>{_e(m.summary)}</td><td>{_e(', '.join(m.problems))}</td></tr>"
+        )
     return (
-        '<table id="events"><tr><th>pos</th><th>recorded (UTC)</th><th>event</th><th>worker</th><th>epoch</th>'
-        f"<th>detail</th><th>audit</th></tr>{rows}</table>"
+        f'{note}<table id="events"><tr><th>pos</th><th>recorded (UTC)</th><th>event</th><th>worker</th>'
+        f"<th>epoch</th><th>detail</th><th>audit</th></tr>{''.join(rows)}</table>"
     )
 
 
@@ -365,7 +452,7 @@ def render_html(report: RunReport) -> str:
         f"<style>{CSS}</style></head><body>"
         f'<header id="summary"><h1>Run <code>{_e(report.run_id)}</code></h1><div class="meta">'
         f"{_e(report.status)} at <code>{_e(report.stage)}</code>; {report.head} events from "
-        f"{_e(_iso(report.first_at))} over {span:.0f} s; {len(report.workers)} workers, "
+        f"{_e(_iso(report.first_at))} over {span:.0f} s; {_count(len(report.workers), 'worker')}, "
         f"{_count(len(report.epochs), 'epoch change')}, {_count(takeovers, 'lease takeover')}, "
         f"{_count(handoffs, 'handoff')} accepted</div></header>"
         f"{_verdict(report)}"
