@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bus_support import TIMEOUT, BackgroundLoop, acquire, eventually, intent, open_run, stage, submission
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -244,11 +244,22 @@ def test_each_kafka_submission_is_a_span_under_faststreams_consume_span(kafka_se
         assert (await worker.request(open_run(run_id), key=run_id)).verdict == "accepted"
 
     run(kafka_service, scenario)
-    finished = kafka_service.spans.get_finished_spans()
-    ours = [s for s in finished if s.name == SPAN_NAME and (s.attributes or {}).get("baton.run_id") == run_id]
 
-    assert len(ours) == 1
-    span = ours[0]
+    def ours() -> list[ReadableSpan]:
+        finished = kafka_service.spans.get_finished_spans()
+        return [s for s in finished if s.name == SPAN_NAME and (s.attributes or {}).get("baton.run_id") == run_id]
+
+    def parent_ended() -> bool:  # FastStream ends its consume span after the handler, so after the verdict left
+        spans = ours()
+        ended = {s.context.span_id for s in kafka_service.spans.get_finished_spans() if s.context is not None}
+        return bool(spans) and spans[0].parent is not None and spans[0].parent.span_id in ended
+
+    asyncio.run(eventually(_async(parent_ended), timeout=10, what="FastStream's consume span to end"))
+    finished = kafka_service.spans.get_finished_spans()
+    spans = ours()
+
+    assert len(spans) == 1
+    span = spans[0]
     assert (span.attributes or {})["baton.submission_id"] == f"open-{run_id}"
     assert (span.attributes or {})["baton.verdict"] == "accepted"
     assert (span.attributes or {})["baton.position"] == 1
@@ -256,3 +267,10 @@ def test_each_kafka_submission_is_a_span_under_faststreams_consume_span(kafka_se
     parents = {s.context.span_id: s for s in finished if s.context is not None}
     assert span.parent is not None and span.parent.span_id in parents
     assert SUBMISSIONS_TOPIC in parents[span.parent.span_id].name  # FastStream's "baton.submissions process"
+
+
+def _async(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return condition()
+
+    return check
