@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from baton.adapters.eventstore.blobs import BlobStore, SqlConnection
+from baton.adapters.langgraph.document import decode_document
 from baton.domain.events import (
     CheckpointRecorded,
     CheckpointsHidden,
@@ -31,28 +32,7 @@ from baton.domain.events import (
     WritesRecorded,
 )
 
-__all__ = ["CheckpointRow", "Document", "ThreadIndex", "WriteRow", "create_index_tables"]
-
-
-class Document(msgspec.Struct, frozen=True, array_like=True):
-    """A checkpoint's blob: serialized checkpoint (without values), metadata, and channel values.
-
-    A value is a blob by digest, or (``inline``) its bytes themselves when they are no longer
-    than a digest would be: no blob row to write, and the document's digest covers them all the same.
-    """
-
-    checkpoint: tuple[str, bytes]
-    metadata: tuple[str, bytes]
-    metadata_json: bytes  # metadata as JSON, what ``list(filter=...)`` matches
-    channels: dict[str, tuple[str, str]]  # channel -> (serializer type, blob digest)
-    inline: dict[str, tuple[str, bytes]] = {}  # channel -> (serializer type, value); new in v2, old docs lack it
-
-
-_doc_decoder = msgspec.msgpack.Decoder(Document)
-
-
-def decode_document(data: bytes) -> Document:
-    return _doc_decoder.decode(data)
+__all__ = ["CheckpointRow", "ThreadIndex", "WriteRow", "create_index_tables"]
 
 
 class CheckpointRow(msgspec.Struct, frozen=True):
@@ -434,11 +414,6 @@ class ThreadIndex:
             rows = cur.execute("SELECT digest FROM baton_lg_writes WHERE run_id <> %s", (except_run,)).fetchall()
             used.update(r[0] for r in rows)
         return used
-
-
-def referenced_digests(document: bytes) -> list[str]:
-    doc = decode_document(document)
-    return sorted({digest for _, digest in doc.channels.values()})
 
 
 def _rows(

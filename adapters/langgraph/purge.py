@@ -18,7 +18,8 @@ import msgspec
 
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import BlobStore, SqlConnection
-from baton.adapters.langgraph.index import ThreadIndex, referenced_digests
+from baton.adapters.langgraph.document import referenced_digests
+from baton.adapters.langgraph.index import ThreadIndex
 from baton.domain import errors
 from baton.domain.commands import PurgeThread, Submission
 from baton.domain.events import CheckpointRecorded, WritesRecorded

@@ -42,7 +42,8 @@ from baton.adapters.eventstore import RunLedger
 from baton.adapters.eventstore.blobs import BlobStore, SqlConnection, blob_digest
 from baton.adapters.eventstore.fenced import Riders
 from baton.adapters.identity import SigningKey
-from baton.adapters.langgraph.index import CheckpointRow, Document, ThreadIndex, WriteRow, decode_document
+from baton.adapters.langgraph.document import Document, decode_document
+from baton.adapters.langgraph.index import CheckpointRow, ThreadIndex, WriteRow
 from baton.domain import errors
 from baton.domain.commands import (
     AcquireLease,

@@ -10,7 +10,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from baton.adapters.bootstrap import init_store
 from baton.adapters.clock import ManualClock
 from baton.adapters.langgraph import BatonSaver
-from baton.adapters.langgraph.index import decode_document, referenced_digests
+from baton.adapters.langgraph.document import decode_document, referenced_digests
 
 TTL_MS = 10_000
 
