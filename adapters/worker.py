@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,9 +67,13 @@ _NOTHING = Usage()
 
 
 class Transport(Protocol):
-    """Carries one submission to the ledger and brings its verdict back (or raises StoreUnavailable)."""
+    """Carries submissions to the ledger and brings their verdicts back (or raises StoreUnavailable)."""
 
     def submit(self, submission: Submission) -> Verdict: ...
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        """One verdict per submission, in order; a transport that can, appends them in one transaction."""
+        ...
 
 
 class LedgerTransport:
@@ -80,6 +84,9 @@ class LedgerTransport:
 
     def submit(self, submission: Submission) -> Verdict:
         return self.ledger.submit(submission)
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        return self.ledger.submit_many(submissions)
 
 
 class NatsTransport:
@@ -104,6 +111,10 @@ class NatsTransport:
         except Exception as exc:  # timeouts, no responders, a closed connection: the caller retries
             raise errors.StoreUnavailable(f"no verdict over NATS: {type(exc).__name__}: {exc}") from exc
         return decode_verdict(reply.data)
+
+    def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
+        """One request each: the service batches what arrives together into one transaction itself."""
+        return [self.submit(submission) for submission in submissions]
 
     def close(self) -> None:
         self._run(self._nc.drain())
@@ -223,21 +234,31 @@ class Worker:
     # -- the one way commands leave the worker -------------------------------------------------
     def submit(self, run_id: str, command: Command, *, epoch: int | None = None) -> Verdict:
         """Submit once (retried with the same id on transport failures); raise the domain error if rejected."""
+        return self._deliver([self._submission(run_id, command, epoch)])[0]
+
+    def _submission(self, run_id: str, command: Command, epoch: int | None = None) -> Submission:
         sid = f"{self._stamp}:{next(self._ids)}"
         submission = Submission(sid, run_id, self.name, command, self.epochs.get(run_id, 0) if epoch is None else epoch)
-        if self.key is not None:
-            submission = self.key.sign(submission)
+        return submission if self.key is None else self.key.sign(submission)
+
+    def _deliver(self, submissions: list[Submission]) -> list[Verdict]:
+        """Send ``submissions`` (a batch when there are several), retrying the same ids on transport
+        failures; the first rejection is raised as its domain error."""
         for attempt in range(self.retries):
             try:
-                verdict = self.transport.submit(submission)
+                if len(submissions) == 1:
+                    verdicts = [self.transport.submit(submissions[0])]
+                else:
+                    verdicts = self.transport.submit_many(submissions)
             except errors.StoreUnavailable:
                 if attempt == self.retries - 1:
                     raise
                 time.sleep(0.05 * 2**attempt)
                 continue
-            if verdict.verdict == "rejected":
-                raise rejection_for(verdict)
-            return verdict
+            for verdict in verdicts:
+                if verdict.verdict == "rejected":
+                    raise rejection_for(verdict)
+            return verdicts
         raise errors.StoreUnavailable("unreachable")  # pragma: no cover - the loop returns or raises
 
     # -- recording what the worker does --------------------------------------------------------
@@ -369,6 +390,21 @@ class Worker:
         self, run_id: str, op_id: str, context: IntentContext, result: Any = None, *, usage: Usage = _NOTHING
     ) -> None:
         self.submit(run_id, RecordObservation(op_id, context_digest(context), "ok", result=result, usage=usage))
+
+    def record_pure(
+        self, run_id: str, op_id: str, tool: str, context: IntentContext, result: Any = None, *, usage: Usage = _NOTHING
+    ) -> None:
+        """Record a pure operation after it ran: its intent and ``ok`` observation in one append.
+
+        A pure operation (a model request) changes nothing outside the run, so its intent need not be
+        durable before the call: lost with a crash, it is simply asked again. The two are one
+        transaction on a ledger transport; if the observation is refused (``budget_exceeded``), the
+        intent alone stays, uncertain, for the resume to settle.
+        """
+        self._caught_up(run_id)
+        intent = RecordIntent(op_id, "pure", tool, context, f"{run_id}/{op_id}")
+        observation = RecordObservation(op_id, context_digest(context), "ok", result=result, usage=usage)
+        self._deliver([self._submission(run_id, intent), self._submission(run_id, observation)])
 
     def transition(self, run_id: str, stage: Stage, state: dict[str, Any]) -> None:
         self._caught_up(run_id)

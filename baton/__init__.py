@@ -1,9 +1,9 @@
 """Baton: the run ledger for movable AI agents.
 
 ``import baton`` is the public face: the worker client and its transports, the composition root's
-``open_ledger``, the LangGraph checkpointer and the error tree. Everything else is reachable under
-``baton.domain`` (pure rules), ``baton.projections`` (pure folds) and ``baton.adapters`` (I/O), whose
-layout docs/architecture.md describes.
+``open_ledger``, the LangGraph checkpointer, the pydantic-ai agent and the error tree. Everything
+else is reachable under ``baton.domain`` (pure rules), ``baton.projections`` (pure folds) and
+``baton.adapters`` (I/O), whose layout docs/architecture.md describes.
 """
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from baton.adapters.agents import BatonAgent, idempotency_key
     from baton.adapters.bootstrap import init_store, open_ledger, register
     from baton.adapters.identity import SigningKey
     from baton.adapters.langgraph import BatonSaver
     from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
     from baton.domain import errors
-    from baton.domain.budgets import Ceilings, Usage
+    from baton.domain.budgets import Ceilings, Price, Usage
     from baton.domain.commands import Submission, Verdict
     from baton.domain.errors import BatonError, ConcurrencyConflict, Rejection, StoreUnavailable
     from baton.domain.events import IntentContext, Placement, RunPolicy
     from baton.domain.stages import Stage
 
 # Each name is imported when first used, so ``import baton.domain`` stays free of I/O libraries
-# and LangGraph (an optional extra) is needed only for ``baton.BatonSaver``.
+# and LangGraph and pydantic-ai (optional extras) are needed only for ``baton.BatonSaver`` and
+# ``baton.BatonAgent``.
 _HOME = {
     "Worker": "baton.adapters.worker",
     "Resumed": "baton.adapters.worker",
@@ -36,6 +38,9 @@ _HOME = {
     "register": "baton.adapters.bootstrap",
     "SigningKey": "baton.adapters.identity",
     "BatonSaver": "baton.adapters.langgraph",
+    "BatonAgent": "baton.adapters.agents",
+    "idempotency_key": "baton.adapters.agents",
+    "Price": "baton.domain.budgets",
     "Ceilings": "baton.domain.budgets",
     "Usage": "baton.domain.budgets",
     "Placement": "baton.domain.events",
@@ -61,7 +66,10 @@ __all__ = [
     "register",
     "SigningKey",
     "BatonSaver",
+    "BatonAgent",
+    "idempotency_key",
     "Ceilings",
+    "Price",
     "Usage",
     "Placement",
     "IntentContext",

@@ -10,7 +10,7 @@ import msgspec
 
 from baton.domain.errors import BudgetExceeded, CounterOverflow, Malformed
 
-__all__ = ["COUNTERS", "MAX_COUNTER", "Ceilings", "Usage", "checked_add"]
+__all__ = ["COUNTERS", "MAX_COUNTER", "Ceilings", "Price", "Usage", "checked_add"]
 
 MAX_COUNTER = 2**63 - 1
 
@@ -90,3 +90,21 @@ class Ceilings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ]
         if over:
             raise BudgetExceeded("budget exceeded: " + ", ".join(over))
+
+
+class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one model charges, in micro-units of the run's currency per million tokens.
+
+    Integers throughout (``cost_micros`` is a counter): $3 per million input tokens is
+    ``input_per_mtok=3_000_000``. A fraction of a micro-unit is rounded up, so a run is never
+    charged less than it spent.
+    """
+
+    input_per_mtok: int = 0
+    output_per_mtok: int = 0
+
+    def cost_micros(self, input_tokens: int, output_tokens: int) -> int:
+        if min(self.input_per_mtok, self.output_per_mtok, input_tokens, output_tokens) < 0:
+            raise Malformed("prices and token counts cannot be negative")
+        total = input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok
+        return -(-total // 1_000_000)

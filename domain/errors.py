@@ -27,6 +27,7 @@ __all__ = [
     "ReconciliationRequired",
     "ReplayDivergence",
     "ReplayIncomplete",
+    "MigrationUnsafe",
     "Rejection",
     "RunAlreadyExists",
     "RunClosed",
@@ -184,6 +185,12 @@ class ReplayIncomplete(Rejection):
     """A new effect was attempted before the recorded prefix was consumed."""
 
     reason = "replay_incomplete"
+
+
+class MigrationUnsafe(Rejection):
+    """The resuming worker cannot honour the run: it lacks a tool contract or capability the run used."""
+
+    reason = "migration_unsafe"
 
 
 class PayloadTooLarge(Rejection):

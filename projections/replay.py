@@ -247,6 +247,11 @@ class ReplayCursor:
     def consumed(self) -> bool:
         return self._next >= self._length
 
+    @property
+    def uncertain(self) -> tuple[ReplayStep, ...]:
+        """The intents with no recorded outcome, which must be settled before any new effect."""
+        return self._uncertain
+
     def offer(self, op_id: str, kind: str, tool_contract: str, context: IntentContext) -> ReplayStep | None:
         """The recorded outcome for this intent, or ``None`` once the prefix is consumed.
 

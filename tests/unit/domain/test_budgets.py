@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from baton.domain import errors
-from baton.domain.budgets import COUNTERS, MAX_COUNTER, Usage
+from baton.domain.budgets import COUNTERS, MAX_COUNTER, Price, Usage
 
 
 def test_the_counters_are_the_usage_fields_in_order() -> None:
@@ -36,3 +36,11 @@ def test_the_first_counter_past_the_maximum_is_named() -> None:
 
     with pytest.raises(errors.CounterOverflow, match=r"^fuel would overflow"):
         full.plus(Usage(fuel=1, stages=1))
+
+
+def test_a_price_rounds_a_fraction_of_a_micro_unit_up() -> None:
+    """Given $0.15 per million tokens, when one token is charged, then it costs one micro-unit, not zero."""
+    assert Price(input_per_mtok=150_000).cost_micros(1, 0) == 1
+    assert Price(input_per_mtok=150_000).cost_micros(0, 0) == 0
+    with pytest.raises(errors.Malformed):
+        Price(input_per_mtok=-1).cost_micros(1, 0)

@@ -127,6 +127,7 @@ def test_rejection_reason_codes_are_a_stable_wire_contract() -> None:
         "ReconciliationRequired": "reconciliation_required",
         "ReplayDivergence": "replay_divergence",
         "ReplayIncomplete": "replay_incomplete",
+        "MigrationUnsafe": "migration_unsafe",
         "PayloadTooLarge": "payload_too_large",
         "SubmissionConflict": "submission_conflict",
         "IdempotencyKeyReused": "idempotency_key_reused",
