@@ -1,6 +1,6 @@
 """Durable pydantic-ai agents (issue 32): BatonAgent against pydantic-ai's DBOS integration on one PostgreSQL.
 
-    python bench/agents.py [--turns N] [--rounds R] [--kill-at K] [--supersteps S] [--json FILE]
+    python bench/agents.py [--turns N] [--rounds R] [--kill-at K] [--recoveries M] [--json FILE]
 
 One agent, offline and deterministic: a ``FunctionModel`` answers each request with one call of the
 tool ``step(i)`` until it has seen N tool returns (20), then with final text. The model function and
@@ -28,8 +28,6 @@ Measured:
    ``DBOS.launch()`` re-enqueues the pending workflow, which re-runs the step in flight. Time from
    the spawn to the run's end (interpreter start and imports included; start-up reported apart),
    and the repeated invocations. Goal: Baton faster than DBOS.
-3. **Graph supersteps**: BatonSaver against LangGraph's PostgresSaver per superstep of a real graph
-   (``bench/supersteps.py``). Goal: BatonSaver no slower.
 """
 
 from __future__ import annotations
@@ -318,7 +316,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kill-at", type=int, default=10)
     parser.add_argument("--recoveries", type=int, default=3)
-    parser.add_argument("--supersteps", type=int, default=500, help="0: skip the graph measurement")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -350,10 +347,6 @@ def main() -> int:
             }
             for name, rounds in runs.items()
         }
-        if args.supersteps:
-            from bench.supersteps import measure
-
-            report["supersteps"] = measure(server, args.supersteps, rounds=args.rounds)
 
     turn, rec = report["per_turn"], report["recovery"]
     print(f"{args.turns} turns per run; medians of {args.rounds} rounds ({args.recoveries} recoveries)")
@@ -365,8 +358,6 @@ def main() -> int:
             f"{r['repeated_tool_calls']}, repeated model requests {r['repeated_model_requests']}"
         )
     print(f"  DBOS / Baton = {rec['dbos']['seconds'] / rec['baton']['seconds']:.2f}x (goal > 1x)")
-    if "supersteps" in report:
-        print(f"supersteps: {json.dumps(report['supersteps'])}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
