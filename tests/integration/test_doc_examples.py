@@ -1,4 +1,4 @@
-"""docs/worker.md's example is a real program: it runs, and prints what the page says it prints."""
+"""The examples in docs/worker.md and docs/agents.md are real programs: each runs and prints what its page says."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "worker.md"
+import pytest
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def test_the_documented_example_runs_and_prints_what_the_page_says(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", ["worker.md", "agents.md"])
+def test_the_documented_example_runs_and_prints_what_the_page_says(tmp_path: Path, page: str) -> None:
     """Given the page's only Python block, when run as a script, then its output is the documented one."""
-    text = DOC.read_text(encoding="utf-8")
+    text = (DOCS / page).read_text(encoding="utf-8")
     [program] = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
     promised = re.findall(r"It prints `([^`]*)` and `([^`]*)`", text)
     script = tmp_path / "example.py"
