@@ -106,6 +106,10 @@ class ThreadIndex:
         self.conn = conn
         self.blobs = blobs
         self._pg = conn.backend == "postgresql"
+        # For operators and tests: folds whose compare-and-set missed (``record`` returned False), and
+        # catch-ups from the log. A lone writer's own folds, and the reads after them, add to neither.
+        self.cas_misses = 0
+        self.catch_ups = 0
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -134,6 +138,8 @@ class ThreadIndex:
                 ctes, params = [*ctes, clause], [*params, *extra]
             with self.conn.cursor() as cur:
                 row = cur.execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM lg_t", params).fetchone()
+            if not row[0]:
+                self.cas_misses += 1
             return bool(row[0])
         cp_rows, w_rows, hides = _rows(run_id, events, docs)
         if blobs:
@@ -148,6 +154,7 @@ class ThreadIndex:
                 "UPDATE baton_lg_threads SET position = %s WHERE run_id = %s AND position = %s", (new, run_id, expected)
             )
             if cur.rowcount != 1:
+                self.cas_misses += 1
                 return False
             self._apply(cur, run_id, cp_rows, w_rows, hides)
         return True
@@ -280,6 +287,7 @@ class ThreadIndex:
 
     def catch_up(self, run_id: str, history: Callable[[int], Iterable[RecordedEvent]]) -> None:
         """Fold the log's events after the indexed position; ``history(after)`` reads them."""
+        self.catch_ups += 1
         for _ in range(16):  # another reader may be folding the same events: then read again
             expected = self.position(run_id)
             events = [(e.position, e.body) for e in history(expected)]
