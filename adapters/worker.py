@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from baton.adapters import handoff, handoff_state
+from baton.adapters.bus_urls import servers
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.identity import SigningKey
 from baton.adapters.wire import decode_verdict
@@ -99,7 +100,7 @@ class NatsTransport:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="baton-worker-nats", daemon=True)
         self._thread.start()
-        self._nc = self._run(nats.connect(url, connect_timeout=timeout))
+        self._nc = self._run(nats.connect(servers(url), connect_timeout=timeout))
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout + 5)
@@ -253,7 +254,7 @@ class Worker:
             except errors.StoreUnavailable:
                 if attempt == self.retries - 1:
                     raise
-                time.sleep(0.05 * 2**attempt)
+                time.sleep(min(1.0, 0.05 * 2**attempt))  # capped: a long outage is retried every second
                 continue
             for verdict in verdicts:
                 if verdict.verdict == "rejected":

@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 
+from baton.adapters.bus_urls import servers
 from baton.adapters.wire import decode_verdict
 
 __all__ = ["check"]
@@ -24,7 +25,7 @@ async def check(bus_url: str, timeout: float = 5.0) -> bool:
         return await asyncio.wait_for(_check_kafka(bus_url.split("://", 1)[1]), timeout)
     import nats  # noqa: PLC0415 (only the NATS probe needs it)
 
-    nc = await nats.connect(bus_url, connect_timeout=timeout)
+    nc = await nats.connect(servers(bus_url), connect_timeout=timeout)
     try:
         reply = await nc.request("baton.runs.health.submit", _PROBE, timeout=timeout)
         return decode_verdict(reply.data).reason == "malformed"

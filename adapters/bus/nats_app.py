@@ -28,9 +28,11 @@ from nats.js.errors import APIError, NotFoundError
 
 from baton.adapters.bus.lifecycle import BusLifecycle
 from baton.adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
+from baton.adapters.bus.partitions import PartitionLeases
 from baton.adapters.bus.relay import EventRelay, encode_event, event_message_id
 from baton.adapters.bus.schemas import EventBody, SubmissionBody, VerdictBody
 from baton.adapters.bus.service import Ledger, SubmissionService
+from baton.adapters.bus_urls import servers
 from baton.adapters.observability import Telemetry
 from baton.domain.events import RecordedEvent
 
@@ -103,6 +105,10 @@ class NatsOptions:
     # the run partitions this service answers (the server maps baton.runs.*.submit onto them);
     # empty: answer baton.runs.*.submit directly, in one queue group with every other service
     partitions: tuple[int, ...] = ()
+    # or: share this many partitions with the other services, leased in a KV bucket (partitions.py)
+    shared_partitions: int = 0
+    lease_ttl: float = 3.0  # seconds before a silent service's partitions go to the others
+    replicas: int = 1  # JetStream replicas of the streams and the bucket this service creates (3 in a cluster)
     # Test seam: awaited after the verdicts of a durable batch are sent and before the ack.
     before_ack: Callable[[], Awaitable[None]] | None = None
 
@@ -124,11 +130,12 @@ class NatsBus(BusLifecycle):
             ledger, max_batch=options.max_batch, group_commit=options.group_commit, telemetry=telemetry
         )
         # FastStream's own loggers colour their lines always; the service's go through logging
-        self.broker = NatsBroker(url, logger=log, log_level=logging.DEBUG)
+        self.broker = NatsBroker(servers(url), logger=log, log_level=logging.DEBUG)
         self.app = FastStream(self.broker, logger=None)
         self.relay = EventRelay(ledger, _JetStreamSink(self), wake=self.service.committed)
         self._relay_task: asyncio.Task[None] | None = None
         self._consumers: list[Responder | DurableConsumer] = []
+        self.leases: PartitionLeases | None = None
         self.app.on_startup(self._declare_streams)
         self.app.after_startup(self._after_startup)
         self.app.on_shutdown(self._on_shutdown)
@@ -142,14 +149,15 @@ class NatsBus(BusLifecycle):
     async def _after_startup(self) -> None:
         await super()._after_startup()
         nc, options = self.broker.connection, self.options
+        if options.shared_partitions:
+            subjects = []  # the leases subscribe the partitions this service holds
+        else:
+            subjects = [partition_subject(k) for k in options.partitions] or [submit_subject("*")]
+        responder = Responder(
+            nc, self.service, subjects=subjects, queue=options.queue, max_in_flight=options.max_workers
+        )
         self._consumers = [
-            Responder(
-                nc,
-                self.service,
-                subjects=[partition_subject(k) for k in options.partitions] or [submit_subject("*")],
-                queue=options.queue,
-                max_in_flight=options.max_workers,
-            ),
+            responder,
             DurableConsumer(
                 nc,
                 self.service,
@@ -163,8 +171,21 @@ class NatsBus(BusLifecycle):
         ]
         for consumer in self._consumers:
             await consumer.start()
+        if options.shared_partitions:
+            self.leases = PartitionLeases(
+                nc,
+                options.shared_partitions,
+                claim=lambda k: responder.add(partition_subject(k)),
+                give_up=lambda k: responder.remove(partition_subject(k)),
+                ttl=options.lease_ttl,
+                replicas=options.replicas,
+            )
+            await self.leases.start()
 
     async def _on_shutdown(self) -> None:
+        leases, self.leases = self.leases, None
+        if leases is not None:
+            await leases.stop()
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             await consumer.stop()
@@ -173,8 +194,8 @@ class NatsBus(BusLifecycle):
     async def _declare_streams(self) -> None:
         await self.broker.connect()
         js = self.broker.connection.jetstream()
-        await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"))
-        await _ensure_stream(js, EVENTS_STREAM, events_subject(">"))
+        await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"), self.options.replicas)
+        await _ensure_stream(js, EVENTS_STREAM, events_subject(">"), self.options.replicas)
 
 
 def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = None) -> None:
@@ -222,13 +243,18 @@ def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = No
     )
 
 
-async def _ensure_stream(js: Any, name: str, subjects: str) -> None:
-    """Create the stream if missing; check it exists (FastStream only logs stream errors)."""
+async def _ensure_stream(js: Any, name: str, subjects: str, replicas: int) -> None:
+    """Create the stream if missing; check it exists (FastStream only logs stream errors).
+
+    An existing stream keeps its replicas (changing them is an operator's decision:
+    ``nats stream edit``); a mismatch is logged."""
     try:
-        await js.stream_info(name)
+        info = await js.stream_info(name)
     except NotFoundError:
-        await js.add_stream(name=name, subjects=[subjects], storage=js_api.StorageType.FILE)
-    await js.stream_info(name)
+        await js.add_stream(name=name, subjects=[subjects], storage=js_api.StorageType.FILE, num_replicas=replicas)
+        info = await js.stream_info(name)
+    if (info.config.num_replicas or 1) != replicas:
+        log.warning("stream %s has %s replicas, not the %d asked for", name, info.config.num_replicas, replicas)
 
 
 class _JetStreamSink:

@@ -76,21 +76,28 @@ class Responder:
         self._room = asyncio.Event()  # set when a full responder has room again
         self._idle = asyncio.Event()  # set when nothing is in flight
         self._idle.set()
-        self._subs: list[Subscription] = []
+        self._subs: dict[str, Subscription] = {}
 
     async def start(self) -> None:
         for subject in self.subjects:
-            self._subs.append(await self.nc.subscribe(subject, queue=self.queue, cb=self._on_message))
+            await self.add(subject)
 
-    async def stop(self) -> None:
-        """Stop taking messages, then let the ones in flight finish (their callers are waiting).
+    async def add(self, subject: str) -> None:
+        """Answer ``subject`` too (a partition this service now owns)."""
+        if subject not in self._subs:
+            self._subs[subject] = await self.nc.subscribe(subject, queue=self.queue, cb=self._on_message)
 
-        A drain, not an unsubscribe: messages already delivered to this client are answered too.
-        """
-        subs, self._subs = self._subs, []
-        for sub in subs:
+    async def remove(self, subject: str) -> None:
+        """Stop answering ``subject``; a drain, so messages already delivered here are answered."""
+        sub = self._subs.pop(subject, None)
+        if sub is not None:
             with contextlib.suppress(ConnectionClosedError):
                 await sub.drain()  # type: ignore[no-untyped-call]
+
+    async def stop(self) -> None:
+        """Stop taking messages, then let the ones in flight finish (their callers are waiting)."""
+        for subject in list(self._subs):
+            await self.remove(subject)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await self._idle.wait()

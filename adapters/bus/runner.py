@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from baton.adapters.bus.kafka_app import KafkaBus, KafkaOptions
 from baton.adapters.bus.nats_app import NatsBus, NatsOptions
 from baton.adapters.bus.service import Ledger
+from baton.adapters.bus_urls import addresses
 from baton.adapters.observability import MetricsServer, ServiceMetrics, Telemetry
 from baton.domain.errors import BusUnavailable
 
@@ -32,14 +33,24 @@ def build_bus(
     relay: bool = True,
     group_commit: bool = True,
     partitions: tuple[int, ...] = (),
+    shared_partitions: int = 0,
+    replicas: int = 1,
     metrics: ServiceMetrics | None = None,
 ) -> NatsBus | KafkaBus:
-    """``nats://host:port`` or ``kafka://host:port[,host:port...]`` -> the service for that bus."""
+    """``nats://host:port[,host:port...]`` or ``kafka://host:port[,host:port...]`` -> the service for that bus."""
     scheme = urlsplit(bus_url).scheme
+    if partitions and shared_partitions:
+        raise ValueError("--partitions names a fixed share; --share-partitions leases one: choose one")
     if scheme in {"nats", "tls"}:
-        options = NatsOptions(relay=relay, group_commit=group_commit, partitions=partitions)
+        options = NatsOptions(
+            relay=relay,
+            group_commit=group_commit,
+            partitions=partitions,
+            shared_partitions=shared_partitions,
+            replicas=replicas,
+        )
         return NatsBus(ledger, bus_url, options, telemetry=Telemetry(metrics=metrics, system="nats"))
-    if partitions:
+    if partitions or shared_partitions:
         raise ValueError("--partitions is for NATS; Kafka's own partitions already keep a run on one service")
     if scheme == "kafka":
         telemetry = Telemetry(metrics=metrics, system="kafka")
@@ -53,6 +64,8 @@ async def serve(
     *,
     relay: bool = True,
     partitions: tuple[int, ...] = (),
+    shared_partitions: int = 0,
+    replicas: int = 1,
     ready: asyncio.Event | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
@@ -65,7 +78,15 @@ async def serve(
     (Prometheus) until the service has stopped; port 0 picks a free one, printed with "ready".
     """
     metrics = None if metrics_port is None else ServiceMetrics(takeovers=lambda: ledger.lease_takeovers)
-    bus = build_bus(ledger, bus_url, relay=relay, partitions=partitions, metrics=metrics)
+    bus = build_bus(
+        ledger,
+        bus_url,
+        relay=relay,
+        partitions=partitions,
+        shared_partitions=shared_partitions,
+        replicas=replicas,
+        metrics=metrics,
+    )
     server = None if metrics is None or metrics_port is None else _metrics_server(metrics, metrics_port, metrics_host)
     try:
         served = await _serve(bus, bus_url, ready, server)
@@ -111,6 +132,7 @@ async def _started(bus: NatsBus | KafkaBus, bus_url: str, stop: asyncio.Event) -
     """Start ``bus``; False if told to stop first. Every bus address is probed first, so a refused
     port or an unknown host fails at once and names its cause."""
     await reachable(bus_url)
+    print(f"baton serve: connecting to {bus_url}", flush=True)  # signals are heard from here on
     starting = asyncio.ensure_future(bus.start())
     stopping = asyncio.ensure_future(stop.wait())
     try:
@@ -124,8 +146,11 @@ async def _started(bus: NatsBus | KafkaBus, bus_url: str, stop: asyncio.Event) -
             raise BusUnavailable(f"cannot start on the bus {bus_url}: {type(exc).__name__}: {exc}") from exc
         return True
     starting.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):  # abandoned: how it ends does not matter
-        await starting
+    # abandoned: how it ends does not matter, and a client cancelled mid-handshake may not end at all
+    # until its connection is closed (the bus's stop, next), so it is not awaited for long
+    await asyncio.wait({starting}, timeout=1)
+    if starting.done() and not starting.cancelled():
+        starting.exception()  # retrieved, so that it is not logged as never retrieved
     if stopping in done:
         return False
     raise BusUnavailable(f"cannot reach the bus {bus_url}: no answer within {CONNECT_WITHIN_S} s")
@@ -146,7 +171,7 @@ async def reachable(bus_url: str) -> None:
     """Open (and close) one TCP connection to some address of ``bus_url``, or raise ``BusUnavailable``
     with the cause for each: a dead address answers at once, before a client's minutes of retries."""
     causes = []
-    for host, port in _addresses(bus_url):
+    for host, port in addresses(bus_url):
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_WITHIN_S)
         except (OSError, TimeoutError) as exc:
@@ -157,16 +182,6 @@ async def reachable(bus_url: str) -> None:
             await writer.wait_closed()
         return
     raise BusUnavailable(f"cannot reach the bus {bus_url}: {'; '.join(causes)} (is the broker running there?)")
-
-
-def _addresses(bus_url: str) -> list[tuple[str, int]]:
-    scheme, _, rest = bus_url.partition("://")
-    default = 9092 if scheme == "kafka" else 4222
-    found = []
-    for server in rest.split(","):
-        parts = urlsplit(f"//{server.strip()}")
-        found.append((parts.hostname or "127.0.0.1", parts.port or default))
-    return found
 
 
 def _cause(exc: OSError) -> str:

