@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from baton.adapters.agents import BatonAgent, idempotency_key
     from baton.adapters.bootstrap import init_store, open_ledger, register
     from baton.adapters.identity import SigningKey
+    from baton.adapters.kafka_transport import KafkaTransport
     from baton.adapters.langgraph import BatonSaver
+    from baton.adapters.transports import connect_transport
     from baton.adapters.worker import LedgerTransport, NatsTransport, Resumed, Transport, Worker
     from baton.domain import errors
     from baton.domain.budgets import Ceilings, Price, Usage
@@ -33,6 +35,8 @@ _HOME = {
     "Transport": "baton.adapters.worker",
     "LedgerTransport": "baton.adapters.worker",
     "NatsTransport": "baton.adapters.worker",
+    "KafkaTransport": "baton.adapters.kafka_transport",
+    "connect_transport": "baton.adapters.transports",
     "open_ledger": "baton.adapters.bootstrap",
     "init_store": "baton.adapters.bootstrap",
     "register": "baton.adapters.bootstrap",
@@ -61,6 +65,8 @@ __all__ = [
     "Transport",
     "LedgerTransport",
     "NatsTransport",
+    "KafkaTransport",
+    "connect_transport",
     "open_ledger",
     "init_store",
     "register",

@@ -40,6 +40,9 @@ class _NoLedger:
 
     lease_takeovers = 0
 
+    def relay_leader(self) -> bool:
+        raise StoreUnavailable(_NO_STORE)
+
 
 _nats = NatsBus(_NoLedger(), "nats://localhost:4222").broker
 describe_nats_consumers(_nats)

@@ -7,9 +7,18 @@
 * Verdicts go to the topic in the record's ``reply_to`` header (default ``baton.verdicts``),
   keyed by run id, with the request's ``correlation_id`` header copied (Kafka has no
   request-reply of its own: a worker matches verdicts by correlation id).
-* ``baton.events``: every committed event, at least once, relayed from the log, keyed by run id,
-  with ``Baton-Notification-Id`` / ``Baton-Position`` headers. The relay resumes after the highest
-  notification id found at the end of the topic's partitions.
+* ``baton.events``: every committed event, relayed from the log, keyed by run id, with
+  ``Baton-Notification-Id`` / ``Baton-Position`` / ``Baton-Message-Id`` headers and the page's
+  ``Baton-Relay-After`` / ``Baton-Relay-Count``. Kafka has no conditional append, so only the
+  service holding the store's relay lock publishes (``Ledger.relay_leader``); a starting relay
+  completes the newest page found at the partitions' ends without resending what it holds.
+
+An event is published twice only when the lock holder's store session ends while the holder is
+alive with a page in flight (the server terminated the session, or ended it after a partition),
+so that another relay resumes before that page lands, or when the producer retries a send whose
+acknowledgement was lost (Tansu refuses idempotent producers). Consumers dedupe per record key:
+skip a record whose ``Baton-Position`` is not above the highest seen for that run
+(docs/operations.md, "Event relay on Kafka").
 """
 
 from __future__ import annotations
@@ -53,6 +62,10 @@ class KafkaOptions:
     max_batch: int = 64
     linger_ms: int = 50
     relay: bool = True
+    # The longest a fetch of the submissions waits for records. Kafka answers as soon as a record
+    # arrives, so this only paces idle polls; Tansu waits it out on empty partitions, so there it is
+    # every verdict's latency floor (its tests use 20 ms).
+    fetch_wait_ms: int = 500
 
 
 class KafkaBus(BusLifecycle):
@@ -72,7 +85,8 @@ class KafkaBus(BusLifecycle):
         self.broker = KafkaBroker(bootstrap, logger=log, log_level=logging.DEBUG, middlewares=spans)
         self.app = FastStream(self.broker, logger=None)
         self._sink = _KafkaSink(self)
-        self.relay = EventRelay(ledger, self._sink, wake=self.service.committed)
+        # Kafka has no conditional append: only the process holding the store's relay lock publishes
+        self.relay = EventRelay(ledger, self._sink, wake=self.service.committed, leader=ledger.relay_leader)
         self._relay_task: asyncio.Task[None] | None = None
         self._register()
         self.app.on_startup(self._create_topics)
@@ -90,8 +104,9 @@ class KafkaBus(BusLifecycle):
         broker.publisher(  # documentation only: the relay publishes with the broker directly
             EVENTS_TOPIC,
             title="kafka-events",
-            description="Every committed event, at least once, keyed by run id; headers Baton-Notification-Id, "
-            "Baton-Run-Id, Baton-Position, Baton-Message-Id (<run_id>:<position>).",
+            description="Every committed event, keyed by run id, published by the one service holding the store's "
+            "relay lock; headers Baton-Notification-Id, Baton-Run-Id, Baton-Position, Baton-Message-Id "
+            "(<run_id>:<position>), Baton-Relay-After and Baton-Relay-Count (the page). Dedupe per key by position.",
             schema=EventBody,
         )
 
@@ -101,6 +116,7 @@ class KafkaBus(BusLifecycle):
             batch=True,
             max_records=options.max_batch,
             batch_timeout_ms=options.linger_ms,
+            fetch_max_wait_ms=options.fetch_wait_ms,
             auto_offset_reset="earliest",
             ack_policy=AckPolicy.MANUAL,
             no_reply=True,  # verdicts are published explicitly, per message
@@ -151,15 +167,19 @@ class KafkaBus(BusLifecycle):
 
 
 class _KafkaSink:
-    """Publishes events keyed by run id; its position is the highest notification id at the topic's end.
+    """Publishes events keyed by run id, a page at a time; resumes after the last page it completed.
 
-    Kafka has no conditional append, so two relays may both publish an event: consumers dedupe by
-    the record key plus ``Baton-Position`` (run one relay per cluster: ``baton serve --no-relay``).
+    Kafka has no conditional append, so only the process holding the store's relay lock publishes
+    (``EventRelay(leader=...)``). Each record names its page: ``Baton-Relay-After`` (the notification
+    id the page follows) and ``Baton-Relay-Count`` (its events). Pages are sent one after another,
+    so on start only the latest page found at the partitions' ends can be incomplete (a relay that
+    died mid-page); its missing events are sent and the ones present are not sent again.
     """
 
     def __init__(self, bus: KafkaBus) -> None:
         self.bus = bus
         self._producer: AIOKafkaProducer | None = None
+        self._present: set[int] = set()  # events of an incomplete page already in the topic
 
     async def last_position(self) -> int:
         consumer = AIOKafkaConsumer(
@@ -173,23 +193,19 @@ class _KafkaSink:
             if not tps:
                 return 0
             consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            pending = {tp for tp, end in ends.items() if end > 0}
-            for tp in pending:
-                consumer.seek(tp, ends[tp] - 1)
-            best = 0
-            deadline = asyncio.get_running_loop().time() + 30
-            while pending and asyncio.get_running_loop().time() < deadline:
-                batches = await consumer.getmany(*pending, timeout_ms=500)
-                for tp, records in batches.items():
-                    for record in records:
-                        headers = {k: v.decode() for k, v in record.headers}
-                        best = max(best, int(headers.get("Baton-Notification-Id", "0")))
-                    if records and records[-1].offset >= ends[tp] - 1:
-                        pending.discard(tp)
-            if pending:
-                raise TimeoutError(f"could not read the end of {EVENTS_TOPIC}: {sorted(pending)}")
-            return best
+            ends = await _ends(consumer, tps)
+            tails = await _read_back(consumer, ends, 1)
+            if not tails:
+                return 0
+            newest = max(tails, key=lambda page: (page.after, page.notification_id))
+            if newest.count == 0:  # written before records named their page: resume after the newest
+                return max(page.notification_id for page in tails)
+            records = await _read_back(consumer, ends, newest.count)
+            present = {r.notification_id for r in records if r.after == newest.after and r.count > 0}
+            if len(present) >= newest.count:
+                return max(present)
+            self._present = present
+            return newest.after
         finally:
             await consumer.stop()
 
@@ -198,9 +214,12 @@ class _KafkaSink:
         if self._producer is None:  # its own producer: events need acks="all", whatever the broker's default
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bus.bootstrap, acks="all")
             await self._producer.start()
+        page = {"Baton-Relay-After": str(after), "Baton-Relay-Count": str(len(events))}
         sends = []
         for notification_id, event in events:
-            headers = {
+            if notification_id in self._present:
+                continue  # already in the topic, from the page a previous relay did not finish
+            headers = page | {
                 "Baton-Message-Id": event_message_id(event),
                 "Baton-Notification-Id": str(notification_id),
                 "Baton-Run-Id": event.run_id,
@@ -215,9 +234,62 @@ class _KafkaSink:
                 )
             )
         await asyncio.gather(*sends)
+        if events:
+            self._present = {n for n in self._present if n > events[-1][0]}
         return True
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
+
+
+@dataclass(frozen=True)
+class _Relayed:
+    """What a relayed record's headers say about its page (``count`` 0: written before pages were named)."""
+
+    notification_id: int
+    after: int
+    count: int
+
+
+async def _ends(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """The partitions' end offsets, from a fetch's high watermark: Tansu lists the offset after the
+    last record batch's first record as the end, not the offset after its last record."""
+    ends: dict[TopicPartition, int] = dict(await consumer.end_offsets(tps))
+    pending = {tp for tp, end in ends.items() if end > 0}
+    for tp in pending:
+        consumer.seek(tp, ends[tp] - 1)
+    deadline = asyncio.get_running_loop().time() + 30
+    while pending and asyncio.get_running_loop().time() < deadline:
+        batches = await consumer.getmany(*pending, timeout_ms=500)
+        for tp, records in batches.items():
+            if records:
+                ends[tp] = max(consumer.highwater(tp) or 0, records[-1].offset + 1, ends[tp])
+                pending.discard(tp)
+    if pending:
+        raise TimeoutError(f"could not read the end of {EVENTS_TOPIC}: {sorted(pending)}")
+    return ends
+
+
+async def _read_back(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], last: int) -> list[_Relayed]:
+    """The last ``last`` records of every partition (fewer where it holds fewer), read within 30 s."""
+    pending = {tp for tp, end in ends.items() if end > 0}
+    for tp in pending:
+        consumer.seek(tp, max(0, ends[tp] - last))
+    found: list[_Relayed] = []
+    deadline = asyncio.get_running_loop().time() + 30
+    while pending and asyncio.get_running_loop().time() < deadline:
+        batches = await consumer.getmany(*pending, timeout_ms=500)
+        for tp, records in batches.items():
+            for record in records:
+                if record.offset < ends[tp]:
+                    headers = {k: v.decode() for k, v in record.headers}
+                    notification_id = int(headers.get("Baton-Notification-Id", "0"))
+                    after = int(headers.get("Baton-Relay-After", str(notification_id)))
+                    found.append(_Relayed(notification_id, after, int(headers.get("Baton-Relay-Count", "0"))))
+            if records and records[-1].offset >= ends[tp] - 1:
+                pending.discard(tp)
+    if pending:
+        raise TimeoutError(f"could not read the end of {EVENTS_TOPIC}: {sorted(pending)}")
+    return found

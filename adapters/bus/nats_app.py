@@ -19,12 +19,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from faststream import FastStream
 from faststream.nats import JStream, NatsBroker
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as js_api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from baton.adapters.bus.lifecycle import BusLifecycle
 from baton.adapters.bus.nats_consumers import REPLY_HEADER, DurableConsumer, Responder, durable_consumer_config
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("baton.bus.nats")
+
+T = TypeVar("T")
 
 QUEUE_GROUP = "baton-ledger"
 SUBMISSIONS_STREAM = "BATON_SUBMISSIONS"
@@ -180,7 +183,7 @@ class NatsBus(BusLifecycle):
                 ttl=options.lease_ttl,
                 replicas=options.replicas,
             )
-            await self.leases.start()
+            await jetstream_ready(self.leases.start)
 
     async def _on_shutdown(self) -> None:
         leases, self.leases = self.leases, None
@@ -194,8 +197,9 @@ class NatsBus(BusLifecycle):
     async def _declare_streams(self) -> None:
         await self.broker.connect()
         js = self.broker.connection.jetstream()
-        await _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"), self.options.replicas)
-        await _ensure_stream(js, EVENTS_STREAM, events_subject(">"), self.options.replicas)
+        replicas = self.options.replicas
+        await jetstream_ready(lambda: _ensure_stream(js, SUBMISSIONS_STREAM, durable_subject(">"), replicas))
+        await jetstream_ready(lambda: _ensure_stream(js, EVENTS_STREAM, events_subject(">"), replicas))
 
 
 def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = None) -> None:
@@ -241,6 +245,24 @@ def describe_nats_consumers(broker: NatsBroker, options: NatsOptions | None = No
         description="The verdict of a durable submission, on the subject its Baton-Reply-To header names.",
         schema=VerdictBody,
     )
+
+
+async def jetstream_ready(call: Callable[[], Awaitable[T]], *, within: float = 30.0) -> T:
+    """``call()``, tried again while JetStream cannot answer yet: a cluster whose node just came back,
+    or that lost one, elects its stream leaders for a few seconds, and meanwhile its API answers
+    "no responders" (``ServiceUnavailableError``, ``NoStreamResponseError``) or nothing at all.
+    ``baton serve`` bounds the whole start (``CONNECT_WITHIN_S``); ``within`` bounds an embedded one."""
+    deadline = asyncio.get_running_loop().time() + within
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except (ServiceUnavailableError, NoStreamResponseError, NatsTimeoutError) as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            log.info("JetStream not ready (%s); trying again in %.1f s", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 async def _ensure_stream(js: Any, name: str, subjects: str, replicas: int) -> None:

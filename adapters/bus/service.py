@@ -55,6 +55,11 @@ class Ledger(Protocol):
 
     def all_events(self, *, after: int = 0, page: int = 1000) -> Iterator[tuple[int, RecordedEvent]]: ...
 
+    def relay_leader(self) -> bool:
+        """Whether this process is the one event relay now (taking the role if free): a lock the store
+        holds for this process, so that a bus with no conditional append (Kafka) gets one publisher."""
+        ...
+
     @property
     def lease_takeovers(self) -> int: ...
 

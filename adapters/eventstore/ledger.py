@@ -129,6 +129,14 @@ class RunLedger(Application[str]):
         except (OperationalError, InterfaceError) as exc:
             raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
 
+    def relay_leader(self) -> bool:
+        """Whether this process is the store's one event relay now, taking the role if it is free: one
+        ``baton serve`` publishes to Kafka at a time (docs/operations.md, "Event relay on Kafka")."""
+        try:
+            return self.store.hold_relay()
+        except (OperationalError, InterfaceError) as exc:
+            raise errors.StoreUnavailable(f"store unavailable: {exc}") from exc
+
     @property
     def lease_takeovers(self) -> int:
         """Leases this process's appends ended by force (ttl passed, or the holder's session gone)."""

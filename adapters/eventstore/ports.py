@@ -114,6 +114,11 @@ class FencedRecorder(Protocol):
         it ended; a token it cannot judge (malformed, from elsewhere) counts as alive."""
         ...
 
+    def hold_relay(self) -> bool:
+        """Whether this process holds the store's event-relay lock, taking it if it is free; held until
+        ``close`` or until the store ends the session holding it (docs/operations.md, "Event relay on Kafka")."""
+        ...
+
     def close(self) -> None:
         """Release what the recorder holds beyond the datastore's pool."""
         ...

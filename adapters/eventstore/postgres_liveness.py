@@ -57,12 +57,15 @@ _BACKEND = (
 class PostgresSession:
     """The dedicated connection whose backend is this process's liveness session, opened on first use."""
 
-    def __init__(self, pool: Any) -> None:
-        """``pool``: the library's connection pool, whose settings (and password function) it reuses."""
+    def __init__(self, pool: Any, *, name: str = "baton-liveness") -> None:
+        """``pool``: the library's connection pool, whose settings (and password function) it reuses;
+        ``name``: the connection's ``application_name``, what an operator sees in ``pg_stat_activity``."""
         self._pool = pool
+        self._name = name
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._token = ""
+        self._held: set[str] = set()
 
     def token(self) -> str:
         """The session's token; a connection found broken is replaced (with a new token)."""
@@ -72,13 +75,38 @@ class PostgresSession:
                 self._conn = None
             if self._conn is None:
                 self._conn, self._token = self._open()
+                self._held.clear()  # a session's advisory locks end with it
             return self._token
+
+    def hold(self, key: str) -> bool:
+        """Whether this session holds the session-level advisory lock named ``key``, taking it if free.
+
+        Checked with a round trip every call: True means the session was alive just now, so no other
+        session held the lock at that moment. A connection found broken lost the lock; a new one
+        tries to take it again.
+        """
+        self.token()
+        with self._lock:
+            conn = self._conn
+            if conn is None:  # pragma: no cover - ``token`` opened it
+                return False
+            if key in self._held:
+                return True  # ``token`` just proved the session alive
+            try:
+                row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS taken", (key,)).fetchone()
+            except psycopg.Error as exc:
+                raise OperationalError(str(exc)) from exc
+            taken = bool(row is not None and _values(row, ("taken",))[0])
+            if taken:
+                self._held.add(key)
+            return taken
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                self._held.clear()
 
     def _open(self) -> tuple[psycopg.Connection[Any], str]:
         pool = self._pool
@@ -89,7 +117,7 @@ class PostgresSession:
         kwargs |= {
             "autocommit": True,
             "connect_timeout": 5,
-            "application_name": "baton-liveness",
+            "application_name": self._name,
             # the client's side of the keepalives: a worker cut off from the server notices too
             "keepalives": 1,
             "keepalives_idle": KEEPALIVE_IDLE_S,

@@ -81,6 +81,7 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         self.one_run_append = one_run_append(self.datastore.schema, self.events_table_name)
         self.one_run_read_append = one_run_append(self.datastore.schema, self.events_table_name, read_fence=True)
         self._session = PostgresSession(self.datastore.pool)
+        self._relay_session = PostgresSession(self.datastore.pool, name="baton-relay")
 
     def create_table(self) -> None:
         """What the library calls under ``CREATE_TABLE=y``: apply the migrations."""
@@ -191,8 +192,14 @@ class FencedPostgresRecorder(PostgresApplicationRecorder):
         return AsyncAppends(self.datastore.pool, self.append_statements, info)
 
     def close(self) -> None:
-        """Close the liveness session, if one was opened; the application closes the library's pool."""
+        """Close the liveness and relay sessions, if opened; the application closes the library's pool."""
         self._session.close()
+        self._relay_session.close()
+
+    def hold_relay(self) -> bool:
+        """The relay lock is a session advisory lock on a dedicated connection, one per schema: it
+        ends with the process (its socket closes) or when the server ends the session."""
+        return self._relay_session.hold(f"baton relay {self.datastore.schema}")
 
     def session(self) -> str:
         """A dedicated connection's backend is the session (``postgres_liveness``), opened on first use."""

@@ -10,6 +10,7 @@ concurrent writer waits (busy timeout) instead of interleaving.
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -61,8 +62,28 @@ class FencedSQLiteRecorder(SQLiteApplicationRecorder):
     def async_appender(self) -> AsyncAppender | None:
         return None  # appends from an event loop go through a thread
 
+    _relay_lock: Any = None  # the open lock file while this process holds the relay lock
+
     def close(self) -> None:
-        """Nothing beyond the library's pool, which the application closes."""
+        """Release the relay lock, if held; the application closes the library's pool."""
+        held, self._relay_lock = self._relay_lock, None
+        if held is not None:
+            held.close()
+
+    def hold_relay(self) -> bool:
+        """An exclusive ``flock`` on ``<database>-relay.lock`` beside the file (a SQLite store is on one
+        host): the kernel drops it when the process ends. An in-memory database is this process's own."""
+        name = str(self.datastore.pool.db_name)
+        if self._relay_lock is not None or ":memory:" in name or "mode=memory" in name:
+            return True
+        handle = open(f"{name.removeprefix('file:').split('?', 1)[0]}-relay.lock", "a")  # noqa: SIM115 (held open)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._relay_lock = handle
+        return True
 
     def session(self) -> str:
         """The process is the session: a SQLite store is on one host (``liveness``)."""
