@@ -108,10 +108,13 @@ class PartitionLeases:
         for k, revision in sorted(self.owned.items()):
             try:
                 self.owned[k] = await kv.update(_PARTITION.format(k=k), self.id.encode(), last=revision)
-            except KeyWrongLastSequenceError:  # it expired and another service took it
-                log.warning("partition %d: lease lost to another service", k)
-                del self.owned[k]
-                await self._give_up(k)
+            except KeyWrongLastSequenceError:  # it expired: renewals failed longer than the ttl
+                try:  # nobody took it meanwhile (a bucket electing its leader): still ours, never unsubscribed
+                    self.owned[k] = await kv.create(_PARTITION.format(k=k), self.id.encode())
+                except KeyWrongLastSequenceError:
+                    log.warning("partition %d: lease lost to another service", k)
+                    del self.owned[k]
+                    await self._give_up(k)
         share = math.ceil(self.count / await self._members())
         for k in sorted(self.owned)[share:]:
             await kv.delete(_PARTITION.format(k=k), last=self.owned.pop(k))

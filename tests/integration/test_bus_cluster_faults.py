@@ -71,6 +71,7 @@ def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying
         nats_cluster.restart(node)
         time.sleep(STEADY_S)
 
+        _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2)  # each holds a share
         faults["ledger service killed"] = time.time()
         services[0].kill()
         taken = _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 1)
