@@ -1,6 +1,6 @@
 """One durable agent step (intent, a trivial tool, observation), Baton against its peers on one PostgreSQL.
 
-    python bench/step.py [--steps N] [--rounds R] [--json FILE]
+    python bench/step.py [--steps N] [--rounds R] [--json FILE] [--bus nats]
     python bench/recovery.py      # the same step killed -9 mid-run, then recovered (issue 29; its own docstring)
 
 One embedded PostgreSQL (fsync on) serves every contender, each in its own database:
@@ -13,6 +13,9 @@ One embedded PostgreSQL (fsync on) serves every contender, each in its own datab
   principal and signs every submission; the ledger verifies each signature and fences the registry.
 - **dbos**: a DBOS workflow calling the tool as a ``@DBOS.step`` N times (each step's output is
   recorded in DBOS's system database before the next one).
+- **baton-nats** (with ``--bus nats``): the baton step over the bus, as in production: a
+  nats-server and ``baton serve --bus nats://...`` (its own process, on the same PostgreSQL);
+  the worker submits over ``NatsTransport`` (core-NATS request-reply) and reads from the store.
 
 Each timed run is a fresh process running one contender alone (after 50 warm-up steps), so no
 contender's background threads (DBOS polls its system database) run while another is timed.
@@ -20,12 +23,14 @@ Rounds alternate the order of the contenders so a burst of load on the shared ma
 Reported: the median over rounds of the time per step and of the contender process's CPU per step
 (the client's share: the server is another process), and each peer's time over Baton's (above 1
 means Baton is faster), and the cost of signing and of verifying one submission. The goals (issues 27
-and 28): LangGraph / Baton >= 2, DBOS / Baton >= 4, LangGraph / signed Baton >= 2.
+and 28): LangGraph / Baton >= 2, DBOS / Baton >= 4, LangGraph / signed Baton >= 2; with ``--bus nats``
+(issue 33): LangGraph / baton-nats >= 1, and the service's CPU per step beside the client's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -34,17 +39,21 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.machine import machine_info
-from tests.support.local_servers import LocalPostgres
+from tests.support.local_servers import LocalNats, LocalPostgres
 
 GOALS = {"langgraph": 2.0, "dbos": 4.0}
+BUS_GOALS = {"langgraph": 1.0}  # baton-nats: at most as slow as LangGraph in-process
 OPERATOR_KEY = "BENCH_STEP_OPERATOR_KEY"  # the signed store's operator key file, for the child processes
+NATS_URL = "BENCH_STEP_NATS_URL"  # the nats-server ``baton serve`` listens on, for the child processes
+SERVE_PID = "BENCH_STEP_SERVE_PID"  # ``baton serve``'s process, whose CPU a bus contender reads
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tool(i: int) -> dict[str, int]:
@@ -52,7 +61,9 @@ def tool(i: int) -> dict[str, int]:
     return {"i": i, "square": i * i}
 
 
-def baton_contender(url: str, closers: list[Callable[[], None]], *, signed: bool = False) -> Callable[[int], float]:
+def baton_contender(
+    url: str, closers: list[Callable[[], None]], *, signed: bool = False, bus: bool = False
+) -> Callable[[int], float]:
     import baton
 
     key, name = None, "bench"
@@ -63,12 +74,17 @@ def baton_contender(url: str, closers: list[Callable[[], None]], *, signed: bool
         operator = baton.SigningKey.read(os.environ[OPERATOR_KEY])  # the parent opened the registry with it
         key, name = baton.SigningKey.generate(), f"bench-{uuid.uuid4().hex[:8]}"
         assert register(url, operator, AddPrincipal(name, ("worker",), key.public_key)).verdict == "accepted"
-    else:
+    elif not bus:  # over the bus, the parent made the store that ``baton serve`` serves
         baton.init_store(url)
     ledger = baton.open_ledger(url)
     closers.append(ledger.close)
     placement = baton.Placement(name, tool_contracts=("tool@1",))
-    worker = baton.Worker(placement, baton.LedgerTransport(ledger), ledger, key=key)
+    transport: baton.Transport = baton.LedgerTransport(ledger)
+    if bus:  # submissions over NATS to ``baton serve``; reads (the epoch after acquire) from the store
+        transport = nats = baton.NatsTransport(os.environ[NATS_URL])
+        closers.insert(0, nats.close)
+    worker = baton.Worker(placement, transport, ledger, key=key)
+    closers.insert(0, worker.close)  # its lease renewals first, then the transport and the reader
 
     def run(steps: int) -> float:
         run_id = f"step-{uuid.uuid4().hex[:8]}"
@@ -149,12 +165,50 @@ def signed_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[i
     return baton_contender(url, closers, signed=True)
 
 
+def nats_contender(url: str, closers: list[Callable[[], None]]) -> Callable[[int], float]:
+    return baton_contender(url, closers, bus=True)
+
+
 CONTENDERS: dict[str, Callable[[str, list[Callable[[], None]]], Callable[[int], float]]] = {
     "baton": baton_contender,
     "baton-signed": signed_contender,
     "langgraph": langgraph_contender,
     "dbos": dbos_contender,
+    "baton-nats": nats_contender,
 }
+BUS_CONTENDERS = ("baton-nats",)  # only with ``--bus nats``
+
+
+@contextlib.contextmanager
+def baton_serve(store_url: str) -> Iterator[int]:
+    """A nats-server and ``baton serve --bus nats://...`` on ``store_url`` (its own process); yields its pid."""
+    with LocalNats() as nats_server:
+        command = [sys.executable, "-m", "baton.adapters.cli", "serve", "--bus", nats_server.url, "--store", store_url]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # "baton serve: ready on ..." once it answers
+                if "ready" in line:
+                    break
+            else:
+                raise RuntimeError(f"baton serve exited with {proc.wait()} before it was ready")
+            os.environ[NATS_URL], os.environ[SERVE_PID] = nats_server.url, str(proc.pid)
+            yield proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def signature_costs(n: int = 2000) -> tuple[float, float]:
@@ -185,12 +239,17 @@ def timed_alone(name: str, url: str, steps: int) -> dict[str, float]:
     closers: list[Callable[[], None]] = []
     run = CONTENDERS[name](url, closers)
     run(50)  # warm: connections, prepared statements, imports
+    serve_pid = int(os.environ[SERVE_PID]) if name in BUS_CONTENDERS else 0
+    served = process_cpu(serve_pid) if serve_pid else 0.0
     started = time.process_time()  # every thread of this process; the server is another
     seconds = run(steps)
     cpu = (time.process_time() - started) / steps
+    result = {"seconds": seconds, "cpu": cpu}
+    if serve_pid:  # the service's share (its event relay included), over the same steps
+        result["serve_cpu"] = (process_cpu(serve_pid) - served) / steps
     for close in closers:
         close()
-    return {"seconds": seconds, "cpu": cpu}
+    return result
 
 
 def in_child(name: str, url: str, steps: int) -> dict[str, float]:
@@ -207,6 +266,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=500, help="steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs per contender")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--bus", choices=("nats",), help="also time the step over the bus (baton serve)")
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -214,21 +274,27 @@ def main() -> int:
         print(json.dumps(timed_alone(args.child, args.url, args.steps)))
         return 0
     info = machine_info()
-    with LocalPostgres() as server, tempfile.TemporaryDirectory() as keys:
-        urls = {name: server.create_database(f"bench_step_{name.replace('-', '_')}") for name in CONTENDERS}
+    names = [name for name in CONTENDERS if args.bus or name not in BUS_CONTENDERS]
+    with LocalPostgres() as server, tempfile.TemporaryDirectory() as keys, contextlib.ExitStack() as bus:
+        urls = {name: server.create_database(f"bench_step_{name.replace('-', '_')}") for name in names}
         import baton
 
         operator = baton.SigningKey.generate()
         os.environ[OPERATOR_KEY] = str(operator.write(Path(keys) / "operator.key"))
         baton.init_store(urls["baton-signed"], operator_key=operator)
-        times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-        cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-        names = list(CONTENDERS)
+        if args.bus:
+            baton.init_store(urls["baton-nats"])
+            bus.enter_context(baton_serve(urls["baton-nats"]))
+        times: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        serve_cpu: list[float] = []
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 result = in_child(name, urls[name], args.steps)
                 times[name].append(result["seconds"])
                 cpu[name].append(result["cpu"])
+                if "serve_cpu" in result:
+                    serve_cpu.append(result["serve_cpu"])
                 print(f"round {r} {name}: {times[name][-1] * 1e3:.3f} ms/step", file=sys.stderr)
     info["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     medians = {name: statistics.median(samples) for name, samples in times.items()}
@@ -238,18 +304,23 @@ def main() -> int:
     print("| peer / contender | peer ms/step | contender ms/step | contender client CPU ms/step | ratio | goal | met |")
     print("|---|---|---|---|---|---|---|")
     summary: dict[str, dict[str, float | bool]] = {}
-    for baton_name in ("baton", "baton-signed"):
-        for peer, goal in GOALS.items():
+    pairs = [(baton_name, GOALS) for baton_name in ("baton", "baton-signed")]
+    pairs += [(baton_name, BUS_GOALS) for baton_name in BUS_CONTENDERS if baton_name in names]
+    for baton_name, goals in pairs:
+        for peer, goal in goals.items():
             ratio = medians[peer] / medians[baton_name]
             summary[f"{peer}/{baton_name}"] = {"ratio": ratio, "goal": goal, "met": ratio >= goal}
             print(
                 f"| {peer} / {baton_name} | {medians[peer] * 1e3:.3f} | {medians[baton_name] * 1e3:.3f} "
                 f"| {cpus[baton_name]:.3f} | {ratio:.2f}x | >= {goal:.0f}x | {'yes' if ratio >= goal else 'NO'} |"
             )
+    if serve_cpu:
+        print(f"\nbaton serve CPU per step (its event relay included): {statistics.median(serve_cpu) * 1e3:.3f} ms")
     signing, verifying = signature_costs()
     print(f"\nper submission, in this process: signing {signing * 1e6:.1f} us, verifying {verifying * 1e6:.1f} us")
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "times": times, "summary": summary}, indent=2))
+        written = {"machine": info, "times": times, "cpu": cpu, "serve_cpu": serve_cpu, "summary": summary}
+        args.json.write_text(json.dumps(written, indent=2))
     return 0
 
 
