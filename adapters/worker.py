@@ -100,9 +100,12 @@ class NatsTransport:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="baton-worker-nats", daemon=True)
         self._thread.start()
-        self._nc = self._run(nats.connect(servers(url), connect_timeout=timeout))
+        self._nc = self._run(nats.connect(servers(url), connect_timeout=timeout, error_cb=_connection_error))
 
     def _run(self, coro: Any) -> Any:
+        if self._loop.is_closed():  # a background renewal after close
+            coro.close()
+            raise errors.StoreUnavailable("the NATS transport is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout + 5)
 
     def submit(self, submission: Submission) -> Verdict:
@@ -122,6 +125,12 @@ class NatsTransport:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+async def _connection_error(exc: Exception) -> None:
+    """One line per connection error (nats-py logs each with its traceback): a node of a cluster going
+    away is an event the client recovers from by reconnecting, not a crash."""
+    _log.warning("nats: %s: %s", type(exc).__name__, exc)
 
 
 _REJECTIONS: dict[str, type[errors.Rejection]] = {}

@@ -60,8 +60,9 @@ from baton.adapters.bootstrap import init_store, open_ledger
 from baton.adapters.bus.nats_app import partition_mapping
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.wire import decode_verdict, encode_submission
-from baton.domain.commands import AcquireLease, OpenRun, RecordIntent, Submission
+from baton.domain.commands import AcquireLease, Command, OpenRun, RecordIntent, RecordObservation, Submission
 from baton.domain.events import BlobRef, IntentContext, Placement
+from baton.domain.operations import context_digest
 from bench.machine import machine_info
 from tests.support.local_servers import LocalNats, LocalPostgres
 
@@ -99,9 +100,15 @@ class Cell:
 
 
 def intent(run_id: str, worker: str, n: int) -> Submission:
-    op = f"{worker}-{n}"
-    context = IntentContext(turn=1, operation=op, arguments={"n": n})
-    return Submission(f"{run_id}-{op}", run_id, worker, RecordIntent(op, "pure", "tool@1", context, f"idem-{op}"), 1)
+    """The ``n``-th submission of a run's step stream: odd ``n`` an intent, even ``n`` its observation
+    (an intent must be settled before the next one, so a stream of intents alone is rejected)."""
+    op = f"{worker}-{(n + 1) // 2}"
+    context = IntentContext(turn=1, operation=op, arguments={"n": (n + 1) // 2})
+    if n % 2:
+        command: Command = RecordIntent(op, "pure", "tool@1", context, f"idem-{op}")
+    else:
+        command = RecordObservation(op, context_digest(context), "ok", result={"n": n})
+    return Submission(f"{run_id}-{n}", run_id, worker, command, 1)
 
 
 def prepare_runs(ledger: RunLedger, prefix: str, count: int) -> list[tuple[str, str]]:
