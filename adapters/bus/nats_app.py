@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -133,7 +134,8 @@ class NatsBus(BusLifecycle):
             ledger, max_batch=options.max_batch, group_commit=options.group_commit, telemetry=telemetry
         )
         # FastStream's own loggers colour their lines always; the service's go through logging
-        self.broker = NatsBroker(servers(url), logger=log, log_level=logging.DEBUG)
+        # named, so that a server's connection list (``/connz``) says which process is which service
+        self.broker = NatsBroker(servers(url), name=f"baton-serve-{os.getpid()}", logger=log, log_level=logging.DEBUG)
         self.app = FastStream(self.broker, logger=None)
         self.relay = EventRelay(ledger, _JetStreamSink(self), wake=self.service.committed)
         self._relay_task: asyncio.Task[None] | None = None

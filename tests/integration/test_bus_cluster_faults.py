@@ -64,7 +64,8 @@ def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying
             process.start()
         time.sleep(STEADY_S)
 
-        node = _events_leader(nats_cluster)  # the node whose loss JetStream feels most: a stream leader
+        node = nats_cluster.node_of(f"baton-serve-{services[0].proc.pid}")  # a node a service is on
+        on_node = sum(nats_cluster.node_of(f"baton-serve-{s.proc.pid}") == node for s in services)
         faults["nats node killed"] = time.time()
         nats_cluster.kill(node)
         time.sleep(STEADY_S)
@@ -97,6 +98,7 @@ def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying
     assert all(count > 0 for count in answered), answered
 
     figures = _figures(reports, faults, histories, taken=taken, spread=spread)
+    figures["services_on_the_killed_node"] = on_node
     print(json.dumps(figures, indent=2))
     if os.environ.get("BATON_FAULTS_JSON"):
         with open(os.environ["BATON_FAULTS_JSON"], "w") as out:
@@ -139,19 +141,6 @@ async def _assert_relayed_once(urls: list[str], histories: dict[str, list[Record
             assert [e for e in streamed if e.run_id == run_id] == events, run_id
     finally:
         await nc.close()
-
-
-def _events_leader(cluster: LocalNatsCluster) -> int:
-    async def leader() -> str:
-        nc = await nats.connect(cluster.urls, connect_timeout=10)
-        try:
-            info = await nc.jetstream().stream_info(EVENTS_STREAM)
-            assert info.cluster is not None and info.cluster.leader is not None
-            return info.cluster.leader
-        finally:
-            await nc.close()
-
-    return int(asyncio.run(leader()).removeprefix("n"))
 
 
 def _seconds_until(condition: Any, timeout: float = 60) -> float:

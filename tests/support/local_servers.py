@@ -394,6 +394,16 @@ class LocalNatsCluster:
                 shutil.rmtree(self._root, ignore_errors=True)
                 self._root = None
 
+    def node_of(self, client_name: str) -> int:
+        """The node the client connection named ``client_name`` is on (the server's ``/connz``)."""
+        for node, (_, _, monitoring) in enumerate(self.ports):
+            if self._procs[node] is None:
+                continue
+            with urllib.request.urlopen(f"http://127.0.0.1:{monitoring}/connz?limit=1024", timeout=5) as answer:
+                if any(c.get("name") == client_name for c in json.load(answer).get("connections", [])):
+                    return node
+        raise LookupError(f"no node has a connection named {client_name!r}")
+
     def log_tail(self, node: int, size: int = 2000) -> str:
         path = self._node_dir(node) / "server.log"
         return path.read_text(errors="replace")[-size:] if path.exists() else ""
