@@ -72,20 +72,30 @@ class SqlConnection:
 
     @contextmanager
     def cursor(self, *, transaction: bool = False) -> Iterator[Any]:
-        """A cursor; with ``transaction`` its statements commit together (or not at all)."""
+        """A cursor; with ``transaction`` its statements commit together (or not at all).
+
+        SQLite: the cursor is closed before the lock is released. The caller's frame keeps the
+        cursor object alive past the ``with``, and a sqlite3 cursor freed with its last statement
+        still set resets that statement, which the connection's statement cache shares: freed
+        outside the lock, it reset another thread's ``executemany`` of the same SQL mid-way
+        (``InterfaceError: bad parameter or other API misuse``).
+        """
         if self._sqlite is not None:
             with self._lock:
                 cur = self._sqlite.cursor()
-                if transaction:
-                    cur.execute("BEGIN IMMEDIATE")
                 try:
-                    yield _SqliteCursor(cur)
-                except BaseException:
                     if transaction:
-                        cur.execute("ROLLBACK")
-                    raise
-                if transaction:
-                    cur.execute("COMMIT")
+                        cur.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield _SqliteCursor(cur)
+                    except BaseException:
+                        if transaction:
+                            cur.execute("ROLLBACK")
+                        raise
+                    if transaction:
+                        cur.execute("COMMIT")
+                finally:
+                    cur.close()
             return
         assert self._pool is not None
         with self._pool.connection() as conn:

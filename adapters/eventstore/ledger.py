@@ -38,14 +38,24 @@ class RunLedger(Application[str]):
     env: ClassVar[dict[str, str]] = {"ORIGINATOR_ID_TYPE": "text"}
 
     def __init__(self, env: dict[str, str] | None = None, *, clock: Clock | None = None) -> None:
-        super().__init__(env)
-        store = self.recorder
-        if not isinstance(store, FencedRecorder):
-            msg = f"the ledger needs a fenced recorder (APPLICATION_RECORDER_TOPIC), not {type(store).__name__}"
-            raise TypeError(msg)
-        self.store: FencedRecorder = store
+        """A ledger that fails to build closes what it opened: the library's PostgreSQL pool opens as
+        the recorders are built, and a half-built ledger is closed by nobody. When a one-shot pool's
+        short wait ran out under load (``bootstrap.first_contact`` then builds another), the
+        connection still being made stayed open on the server for as long as the pool lived."""
+        try:
+            super().__init__(env)
+            store = self.recorder
+            if not isinstance(store, FencedRecorder):
+                msg = f"the ledger needs a fenced recorder (APPLICATION_RECORDER_TOPIC), not {type(store).__name__}"
+                raise TypeError(msg)
+            self.store: FencedRecorder = store
+            self.snapshot_recorder = self.factory.aggregate_recorder(purpose="snapshots")
+        except BaseException:
+            factory = getattr(self, "factory", None)
+            if factory is not None:
+                factory.close()
+            raise
         self.clock: Clock = clock or SystemClock()
-        self.snapshot_recorder = self.factory.aggregate_recorder(purpose="snapshots")
         self._cache = StateCache()
         self._reads = LedgerReads(store, self.snapshot_recorder)
         self._writes = WritePath(store, self._cache, self.clock)

@@ -138,7 +138,7 @@ class ThreadWriter:
             with self._lock:
                 pending = self._pending.pop(run_id, None)
             if pending is not None:
-                self._record(run_id, pending, blobs)
+                self._record_or_keep(run_id, pending, blobs)
             elif blobs:
                 self.index.blobs.put(blobs)
             verdicts = self._submit(run_id, commands, first)
@@ -283,7 +283,7 @@ class ThreadWriter:
                 with self._lock:
                     fold = self._pending.pop(thread, None)
                 if fold is not None:
-                    self._record(thread, fold)
+                    self._record_or_keep(thread, fold)
 
     def sync(self, run_id: str) -> None:
         """Bring the thread's index to the log's head: the pending fold, then what the log has beyond."""
@@ -311,6 +311,17 @@ class ThreadWriter:
             )
         if position < fold.upto:
             self._catch_up(run_id)
+
+    def _record_or_keep(self, run_id: str, fold: _Fold, blobs: dict[str, bytes] | None = None) -> None:
+        """``_record`` a fold taken from pending; if that raises (a store error), the fold is pending again.
+
+        Dropped, it would be lost: the thread's next fold would then miss its compare-and-set, and the
+        index stay behind until a catch-up from the log."""
+        try:
+            self._record(run_id, fold, blobs)
+        except BaseException:
+            self._put_back(run_id, fold)
+            raise
 
     def _keep(
         self, run_id: str, commands: Sequence[Command], verdicts: Sequence[Verdict], blobs: dict[str, bytes]

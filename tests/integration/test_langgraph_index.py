@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from pathlib import Path
 from typing import Any
+from unittest.mock import Mock
 
+import pytest
+from eventsourcing.persistence import OperationalError
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
 from baton.adapters.bootstrap import init_store
 from baton.adapters.clock import ManualClock
+from baton.adapters.eventstore.blobs import SqlConnection
 from baton.adapters.langgraph import BatonSaver
 from baton.adapters.langgraph.document import decode_document, referenced_digests
 
@@ -89,3 +95,37 @@ def test_small_values_live_in_the_document_and_large_ones_in_blobs(store_url: st
         document = decode_document(row.document)
         assert list(document.channels) == ["large"] and list(document.inline) == ["small"]
         assert referenced_digests(row.document) == [document.channels["large"][1]]
+
+
+def test_a_put_whose_fold_fails_to_record_leaves_that_fold_pending(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a put whose previous fold cannot be recorded (a store error), when the put fails and the next
+    one succeeds, then that fold lands with the next put: the index stands one append behind the head."""
+    init_store(store_url)
+    with BatonSaver.from_url(store_url, worker="w") as saver:
+        _put(saver, "failing", 0)
+        record = saver.index.record
+        monkeypatch.setattr(saver.index, "record", Mock(side_effect=OperationalError("the store went away")))
+        with pytest.raises(OperationalError):
+            _put(saver, "failing", 1)
+        monkeypatch.setattr(saver.index, "record", record)
+        _put(saver, "failing", 2)
+        head, indexed = saver.index.heads("failing")
+        assert head is not None and indexed == head - 1
+        assert (saver.index.cas_misses, saver.index.catch_ups) == (0, 0)
+
+
+def test_a_sqlite_cursor_is_closed_when_its_block_ends(tmp_path: Path) -> None:
+    """Given the SQLite side connection, when a cursor's block ends, then the cursor is closed: freed later,
+    outside the connection's lock, it would reset a statement another thread may be running."""
+    url = f"sqlite:///{tmp_path / 'baton.db'}"
+    init_store(url)
+    conn = SqlConnection(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1").fetchone()
+        with pytest.raises(sqlite3.ProgrammingError, match="closed cursor"):
+            cur.execute("SELECT 1")
+    finally:
+        conn.close()

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from eventsourcing.persistence import DataError, ProgrammingError, StoredEvent
+from eventsourcing.persistence import DataError, OperationalError, ProgrammingError, StoredEvent
+from eventsourcing.postgres import PostgresDatastore
 from integration_support import LedgerFactory, RawStore, Submitter, intent, observation, open_run
 
 from baton.adapters.bootstrap import open_ledger
@@ -277,6 +278,30 @@ def test_closing_a_ledger_leaves_no_connection_of_it(ledgers: LedgerFactory, sto
     deadline = time.monotonic() + 10
     while _other_backends(store) and time.monotonic() < deadline:
         time.sleep(0.05)  # a backend leaves pg_stat_activity a moment after its client closes
+    assert _other_backends(store) == 0
+
+
+def test_a_ledger_that_fails_to_build_leaves_no_connection_of_it(
+    store: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a one-shot ledger whose pool's first wait runs out while its connection is being made (a loaded
+    host), when ``open_ledger`` builds another and that one is closed, then no connection of either is left."""
+    register = PostgresDatastore.register_type_adapters
+    failures = [OperationalError("couldn't get a connection after 1.00 sec")]
+
+    def slow_first(datastore: PostgresDatastore) -> None:
+        if failures:
+            datastore.pool.open(wait=True)  # the connection the wait gave up on arrives in the pool
+            raise failures.pop()
+        register(datastore)
+
+    monkeypatch.setattr(PostgresDatastore, "register_type_adapters", slow_first)
+    open_ledger(store.url, one_shot=True).close()
+    assert not failures
+
+    deadline = time.monotonic() + 10
+    while _other_backends(store) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _other_backends(store) == 0
 
 
