@@ -12,12 +12,21 @@ from collections.abc import Iterator
 import nats
 import pytest
 from nats.js.errors import NotFoundError
+from serve_support import Serve
 
 from baton.adapters.bootstrap import init_store
 from baton.adapters.bus import partition_mapping
 from tests.support.local_servers import LocalNats, LocalNatsCluster, LocalTansu
 
-__all__ = ["CLUSTER_PARTITIONS", "bus_store_url", "nats_cluster", "nats_server", "nats_url", "tansu_server"]
+__all__ = [
+    "CLUSTER_PARTITIONS",
+    "bus_store_url",
+    "nats_cluster",
+    "nats_server",
+    "nats_url",
+    "services",
+    "tansu_server",
+]
 
 CLUSTER_PARTITIONS = 4  # the run partitions every node of ``nats_cluster`` maps
 
@@ -58,6 +67,17 @@ def nats_cluster() -> Iterator[LocalNatsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def services() -> Iterator[list[Serve]]:
+    """The ``baton serve`` processes a test starts (append them here): any still running is stopped
+    afterwards, also when the test failed half-way."""
+    started: list[Serve] = []
+    yield started
+    for service in started:
+        with contextlib.suppress(Exception):
+            service.stop()
 
 
 @pytest.fixture(scope="session")

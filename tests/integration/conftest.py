@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bus_fixtures import bus_store_url, nats_cluster, nats_server, nats_url, tansu_server
+from bus_fixtures import bus_store_url, nats_cluster, nats_server, nats_url, services, tansu_server
 from integration_support import LedgerFactory, RawStore
 
 from baton.adapters.bootstrap import init_store, open_ledger
@@ -23,6 +23,7 @@ __all__ = [
     "nats_cluster",
     "nats_server",
     "nats_url",
+    "services",
     "tansu_server",
 ]  # the bus fixtures, registered here
 

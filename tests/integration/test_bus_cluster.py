@@ -7,12 +7,10 @@ bucket (``--share-partitions``); nobody changes a flag when one of them dies or 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import nats
 import pytest
@@ -49,15 +47,6 @@ def wait_for(condition: object, what: str, timeout: float = TIMEOUT) -> float:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
     return time.monotonic() - started
-
-
-@pytest.fixture
-def services() -> Iterator[list[Serve]]:
-    started: list[Serve] = []
-    yield started
-    for service in started:
-        with contextlib.suppress(Exception):
-            service.stop()
 
 
 def answered(cluster: LocalNatsCluster, submissions: list[str]) -> list[str]:

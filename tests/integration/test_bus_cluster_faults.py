@@ -44,11 +44,11 @@ SHARE = ("--share-partitions", str(CLUSTER_PARTITIONS), "--replicas", "3")
 
 
 def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying_under_load(
-    nats_cluster: LocalNatsCluster, bus_store_url: str
+    nats_cluster: LocalNatsCluster, bus_store_url: str, services: list[Serve]
 ) -> None:
     """Given 32 workers stepping through a 3-node cluster and two services, when a NATS node and then a
     service are killed -9 and restarted, then nothing acknowledged is lost or doubled and every run audits clean."""
-    services = [Serve(nats_cluster.url, bus_store_url, *SHARE) for _ in range(2)]
+    services += [Serve(nats_cluster.url, bus_store_url, *SHARE) for _ in range(2)]
     ctx = multiprocessing.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
     run_ids = [f"fault-{n}" for n in range(WORKERS)]
@@ -82,10 +82,7 @@ def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying
         spread = _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2)
         time.sleep(STEADY_S)
     finally:
-        stop.set()
-        reports = [results.get(timeout=180) for _ in run_ids]
-        for process in processes:
-            process.join(30)
+        reports = _stopped(stop, results, processes, len(run_ids))
     assert [(run, error) for run, _, _, error in reports if error] == []
 
     with contextlib.closing(open_ledger(bus_store_url)) as ledger:
@@ -141,6 +138,18 @@ async def _assert_relayed_once(urls: list[str], histories: dict[str, list[Record
             assert [e for e in streamed if e.run_id == run_id] == events, run_id
     finally:
         await nc.close()
+
+
+def _stopped(stop: Any, results: Any, processes: list[Any], runs: int) -> list[Any]:
+    """Tell the workers to stop, take one report per run, and never leave a worker process behind."""
+    stop.set()
+    try:
+        return [results.get(timeout=180) for _ in range(runs)]
+    finally:
+        for process in processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
 
 
 def _seconds_until(condition: Any, timeout: float = 60) -> float:
