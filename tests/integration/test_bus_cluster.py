@@ -21,8 +21,15 @@ from cluster_support import owners
 from serve_support import ROOT, Serve
 
 from baton.adapters.bus import partition_mapping
-from baton.adapters.bus.nats_app import EVENTS_STREAM, SUBMISSIONS_STREAM
+from baton.adapters.bus.nats_app import (
+    EVENTS_STREAM,
+    REPLY_HEADER,
+    SUBMISSIONS_STREAM,
+    durable_subject,
+    jetstream_ready,
+)
 from baton.adapters.bus.partitions import BUCKET
+from baton.adapters.wire import decode_verdict, encode_submission
 from tests.support.local_servers import LocalNatsCluster, nats_server_binary
 
 pytestmark = pytest.mark.timeout(240)
@@ -130,3 +137,38 @@ def test_the_compose_topology_is_a_valid_cluster_mapping_the_partitions_its_serv
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert "--share-partitions 4 --replicas 3" in " ".join(compose["baton"]["command"])
     assert {f"nats-{n}" for n in (1, 2, 3)} <= compose.keys()
+
+
+def test_durable_submissions_published_while_a_node_is_down_are_answered_once(
+    nats_cluster: LocalNatsCluster, bus_store_url: str, services: list[Serve]
+) -> None:
+    """Given two services on the cluster, when a node is killed and runs are opened by durable
+    (JetStream) submissions, each published twice, then each is answered, the second as a duplicate."""
+    services += [Serve(nats_cluster.url, bus_store_url, *SHARE) for _ in range(2)]
+    for service in services:
+        service.wait_ready()
+    nats_cluster.kill(nats_cluster.node_of(f"baton-serve-{services[0].proc.pid}"))
+    runs = [f"durable-{n}" for n in range(6)]
+
+    async def publish_twice() -> list[str]:
+        nc = await nats.connect(nats_cluster.urls, connect_timeout=10)
+        try:
+            inbox = nc.new_inbox()
+            replies = await nc.subscribe(inbox)
+            js = nc.jetstream()
+            for attempt in range(2):
+                for run_id in runs:
+                    submission = open_run(run_id)
+                    headers = {REPLY_HEADER: inbox, "Nats-Msg-Id": f"{submission.submission_id}-{attempt}"}
+                    # published again under a new message id: past JetStream's own dedupe, the ledger's is what holds
+                    await jetstream_ready(
+                        lambda s=submission, h=headers: js.publish(
+                            durable_subject(s.run_id), encode_submission(s), headers=h, timeout=TIMEOUT
+                        )
+                    )
+            verdicts = [decode_verdict((await replies.next_msg(timeout=TIMEOUT)).data) for _ in range(2 * len(runs))]
+            return sorted(f"{v.run_id}:{v.verdict}" for v in verdicts)
+        finally:
+            await nc.close()
+
+    assert asyncio.run(publish_twice()) == sorted(f"{r}:{v}" for r in runs for v in ("accepted", "duplicate"))
