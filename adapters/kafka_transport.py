@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from baton.adapters.loop_thread import LoopThread
 from baton.adapters.wire import decode_verdict
 from baton.domain import errors
 from baton.domain.commands import Submission, Verdict
@@ -59,20 +59,12 @@ class KafkaTransport:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="baton-worker-kafka", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("baton-worker-kafka", timeout=timeout)
         try:
-            self._run(self._start())
+            self._loop.run(self._start())
         except Exception as exc:
             self.close()
             raise errors.StoreUnavailable(f"cannot reach Kafka at {self.bootstrap}: {_described(exc)}") from exc
-
-    def _run(self, coro: Any) -> Any:
-        if self._loop.is_closed():  # a background renewal after close
-            coro.close()
-            raise errors.StoreUnavailable("the Kafka transport is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout + 5)
 
     def submit(self, submission: Submission) -> Verdict:
         return self.submit_many([submission])[0]
@@ -80,21 +72,14 @@ class KafkaTransport:
     def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict]:
         """All sent at once, then every verdict awaited: the service appends what arrives together in one batch."""
         try:
-            verdicts: list[Verdict] = self._run(self._request(list(submissions)))
+            verdicts: list[Verdict] = self._loop.run(self._request(list(submissions)))
         except Exception as exc:  # a timeout, a broker error, a closed transport: the caller retries
             raise errors.StoreUnavailable(f"no verdict over Kafka: {_described(exc)}") from exc
         return verdicts
 
     def close(self) -> None:
         """Stop the clients and delete the reply topic this transport made; waiting submissions fail."""
-        if self._loop.is_closed():
-            return
-        if self._thread.is_alive():
-            with contextlib.suppress(Exception):  # closing what half started, or a broker already gone
-                self._run(self._stop())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-        self._loop.close()
+        self._loop.close(self._stop())
 
     async def _start(self) -> None:
         async with asyncio.timeout(self.timeout):

@@ -11,7 +11,6 @@ raises the domain's own error class for its reason code (``StaleEpoch`` with the
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
@@ -27,6 +26,7 @@ from baton.adapters import handoff, handoff_state
 from baton.adapters.bus_urls import servers
 from baton.adapters.eventstore import RunLedger
 from baton.adapters.identity import SigningKey
+from baton.adapters.loop_thread import LoopThread
 from baton.adapters.wire import decode_verdict
 from baton.domain import errors
 from baton.domain.budgets import Ceilings, Usage
@@ -97,21 +97,15 @@ class NatsTransport:
         import nats  # noqa: PLC0415 (only workers on the bus need the client)
 
         self.timeout = timeout
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="baton-worker-nats", daemon=True)
-        self._thread.start()
-        self._nc = self._run(nats.connect(servers(url), connect_timeout=timeout, error_cb=_connection_error))
-
-    def _run(self, coro: Any) -> Any:
-        if self._loop.is_closed():  # a background renewal after close
-            coro.close()
-            raise errors.StoreUnavailable("the NATS transport is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout + 5)
+        self._loop = LoopThread("baton-worker-nats", timeout=timeout)
+        self._nc = self._loop.run(nats.connect(servers(url), connect_timeout=timeout, error_cb=_connection_error))
 
     def submit(self, submission: Submission) -> Verdict:
         subject = f"baton.runs.{submission.run_id}.submit"
         try:
-            reply = self._run(self._nc.request(subject, _submission_encoder.encode(submission), timeout=self.timeout))
+            reply = self._loop.run(
+                self._nc.request(subject, _submission_encoder.encode(submission), timeout=self.timeout)
+            )
         except Exception as exc:  # timeouts, no responders, a closed connection: the caller retries
             raise errors.StoreUnavailable(f"no verdict over NATS: {type(exc).__name__}: {exc}") from exc
         return decode_verdict(reply.data)
@@ -121,10 +115,7 @@ class NatsTransport:
         return [self.submit(submission) for submission in submissions]
 
     def close(self) -> None:
-        self._run(self._nc.drain())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._loop.close(self._nc.drain())
 
 
 async def _connection_error(exc: Exception) -> None:

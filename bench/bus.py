@@ -38,13 +38,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,6 +63,7 @@ from baton.domain.commands import AcquireLease, Command, OpenRun, RecordIntent, 
 from baton.domain.events import BlobRef, IntentContext, Placement
 from baton.domain.operations import context_digest
 from bench.machine import machine_info
+from bench.processes import process_cpu, ready_process
 from tests.support.local_servers import LocalNats, LocalPostgres
 
 TASK = BlobRef("sha256:" + "ab" * 32, 11, "blob://task")
@@ -261,24 +261,9 @@ def echo_main(nats_url: str) -> None:
     asyncio.run(main())
 
 
-@contextlib.contextmanager
-def helper(*args: str) -> Iterator[int]:
+def helper(*args: str) -> contextlib.AbstractContextManager[int]:
     """A helper process of this script (``--serve`` or ``--echo``), ready; yields its pid."""
-    proc = subprocess.Popen(
-        [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if "ready" not in line:
-            raise RuntimeError(f"helper {args[0]} did not start: {line!r}")
-        yield proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return ready_process([sys.executable, __file__, *args])
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -292,12 +277,6 @@ def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
 def cpu_ticks() -> tuple[int, int]:
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return fields[3] + fields[4], sum(fields)
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu() -> float:

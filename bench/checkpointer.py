@@ -36,6 +36,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from baton.adapters import bootstrap
 from baton.adapters.langgraph import BatonSaver
 from bench.machine import machine_info
+from bench.savers import baton_against_postgres
 from tests.support.local_servers import LocalPostgres
 
 CONSTANT = "x" * 256
@@ -114,17 +115,13 @@ def main() -> int:
     print(f"{args.checkpoints} checkpoints per thread, {args.rounds} rounds, medians over rounds\n")
     print("| operation | BatonSaver | AsyncPostgresSaver | ratio Baton / Postgres |")
     print("|---|---|---|---|")
-    summary = {}
-    for op, unit, scale in (
-        ("put", "ms/checkpoint", 1e3),
-        ("put_cpu", "ms client CPU/checkpoint", 1e3),
-        ("get", "ms (latest)", 1e3),
-        ("list", "ms (full)", 1e3),
-    ):
-        b = statistics.median(r[op] for r in results["baton"]) * scale
-        p = statistics.median(r[op] for r in results["postgres"]) * scale
-        summary[op] = {"baton_ms": b, "postgres_ms": p, "ratio": b / p}
-        print(f"| {op} | {b:.3f} {unit} | {p:.3f} {unit} | {b / p:.2f} |")
+    rows = [
+        ("put", "ms/checkpoint"),
+        ("put_cpu", "ms client CPU/checkpoint"),
+        ("get", "ms (latest)"),
+        ("list", "ms (full)"),
+    ]
+    summary = baton_against_postgres(results, rows)
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "results": results, "summary": summary}, indent=2))
     return 0

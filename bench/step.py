@@ -46,6 +46,7 @@ from typing import Any, TypedDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.machine import machine_info
+from bench.processes import process_cpu, ready_process
 from tests.support.local_servers import LocalNats, LocalPostgres
 
 GOALS = {"langgraph": 2.0, "dbos": 4.0}
@@ -185,30 +186,9 @@ def baton_serve(store_url: str) -> Iterator[int]:
     with LocalNats() as nats_server:
         command = [sys.executable, "-m", "baton.adapters.cli", "serve", "--bus", nats_server.url, "--store", store_url]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env
-        )
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:  # "baton serve: ready on ..." once it answers
-                if "ready" in line:
-                    break
-            else:
-                raise RuntimeError(f"baton serve exited with {proc.wait()} before it was ready")
-            os.environ[NATS_URL], os.environ[SERVE_PID] = nats_server.url, str(proc.pid)
-            yield proc.pid
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with ready_process(command, env=env) as pid:
+            os.environ[NATS_URL], os.environ[SERVE_PID] = nats_server.url, str(pid)
+            yield pid
 
 
 def signature_costs(n: int = 2000) -> tuple[float, float]:

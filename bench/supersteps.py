@@ -23,7 +23,6 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from psycopg.rows import dict_row
 from baton.adapters import bootstrap
 from baton.adapters.langgraph import BatonSaver
 from bench.machine import machine_info
+from bench.savers import baton_against_postgres
 from tests.support.local_servers import LocalPostgres
 
 
@@ -127,12 +127,7 @@ def main() -> int:
     print(f'{args.steps} supersteps per run, durability="sync", {args.rounds} rounds, medians over rounds\n')
     print("| measure | BatonSaver | PostgresSaver | ratio Baton / Postgres |")
     print("|---|---|---|---|")
-    summary = {}
-    for key, label in (("wall", "ms/superstep"), ("cpu", "ms client CPU/superstep")):
-        b = statistics.median(r[key] for r in results["baton"]) * 1e3
-        p = statistics.median(r[key] for r in results["postgres"]) * 1e3
-        summary[key] = {"baton_ms": b, "postgres_ms": p, "ratio": b / p}
-        print(f"| {key} | {b:.3f} {label} | {p:.3f} {label} | {b / p:.2f} |")
+    summary = baton_against_postgres(results, [("wall", "ms/superstep"), ("cpu", "ms client CPU/superstep")])
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "results": results, "summary": summary}, indent=2))
     return 0

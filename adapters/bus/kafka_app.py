@@ -64,7 +64,7 @@ class KafkaOptions:
     relay: bool = True
     # The longest a fetch of the submissions waits for records. Kafka answers as soon as a record
     # arrives, so this only paces idle polls; Tansu waits it out on empty partitions, so there it is
-    # every verdict's latency floor (its tests use 20 ms).
+    # every verdict's latency floor (docs/operations.md, "Event relay on Kafka").
     fetch_wait_ms: int = 500
 
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats
@@ -23,7 +23,7 @@ from baton.domain import errors
 from baton.domain.commands import Submission, Verdict
 from baton.domain.events import IntentContext, Placement
 
-__all__ = ["VerdictLog", "owners", "worker_process"]
+__all__ = ["VerdictLog", "owners", "seconds_until", "worker_process"]
 
 TOOL = "echo@1"
 
@@ -95,6 +95,16 @@ def _drive(bus_url: str, store_url: str, run_id: str, stop: Any, reports: list[A
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     reports.append((run_id, log.entries if log is not None else [], steps, error))
+
+
+def seconds_until(condition: Callable[[], bool], what: str, timeout: float = 60) -> float:
+    """Seconds until ``condition()`` holds (polled every 0.1 s); a timeout fails the test, naming ``what``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+    return round(time.monotonic() - started, 2)
 
 
 def owners(urls: list[str]) -> dict[int, str]:

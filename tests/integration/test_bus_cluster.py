@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 from collections import Counter
 
 import nats
@@ -17,7 +16,7 @@ import pytest
 import yaml
 from bus_fixtures import CLUSTER_PARTITIONS
 from bus_support import TIMEOUT, open_run, request
-from cluster_support import owners
+from cluster_support import owners, seconds_until
 from serve_support import ROOT, Serve
 
 from baton.adapters.bus import partition_mapping
@@ -46,16 +45,6 @@ def shares(cluster: LocalNatsCluster) -> list[int]:
     return sorted(Counter(held.values()).values(), reverse=True)
 
 
-def wait_for(condition: object, what: str, timeout: float = TIMEOUT) -> float:
-    """Seconds until ``condition()`` holds."""
-    started = time.monotonic()
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
 def answered(cluster: LocalNatsCluster, submissions: list[str]) -> list[str]:
     """Open (or re-open) each run over the cluster: the verdicts, one per run."""
 
@@ -82,17 +71,16 @@ def test_partitions_move_to_the_survivor_when_a_service_dies_and_spread_again_wh
 
     services.append(Serve(nats_cluster.url, bus_store_url, *SHARE))
     services[1].wait_ready()
-    wait_for(lambda: shares(nats_cluster) == [2, 2], "the joining service to take its share")
+    seconds_until(lambda: shares(nats_cluster) == [2, 2], "the joining service to take its share")
     assert answered(nats_cluster, RUNS) == ["duplicate"] * len(RUNS)
 
     services[0].kill()
-    moved = wait_for(lambda: shares(nats_cluster) == [4], "the survivor to take the dead service's partitions")
-    assert moved < TIMEOUT
+    seconds_until(lambda: shares(nats_cluster) == [4], "the survivor to take the dead service's partitions")
     assert answered(nats_cluster, RUNS) == ["duplicate"] * len(RUNS)
 
     services.append(Serve(nats_cluster.url, bus_store_url, *SHARE))
     services[2].wait_ready()
-    wait_for(lambda: shares(nats_cluster) == [2, 2], "the load to spread again")
+    seconds_until(lambda: shares(nats_cluster) == [2, 2], "the load to spread again")
     assert answered(nats_cluster, RUNS) == ["duplicate"] * len(RUNS)
     assert services[1].stop() > 0 and services[2].stop() > 0
 

@@ -26,7 +26,7 @@ import nats
 import pytest
 from bus_fixtures import CLUSTER_PARTITIONS
 from bus_support import eventually, stream_events
-from cluster_support import owners, worker_process
+from cluster_support import owners, seconds_until, worker_process
 from serve_support import Serve
 
 from baton.adapters.bootstrap import open_ledger
@@ -72,14 +72,14 @@ def test_acknowledged_submissions_survive_a_nats_node_and_a_ledger_service_dying
         nats_cluster.restart(node)
         time.sleep(STEADY_S)
 
-        _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2)  # each holds a share
+        seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2, "each service to hold a share")
         faults["ledger service killed"] = time.time()
         services[0].kill()
-        taken = _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 1)
+        taken = seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 1, "the takeover")
         time.sleep(STEADY_S)
         services[0] = Serve(nats_cluster.url, bus_store_url, *SHARE)
         services[0].wait_ready()
-        spread = _seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2)
+        spread = seconds_until(lambda: len(set(owners(nats_cluster.urls).values())) == 2, "the spread")
         time.sleep(STEADY_S)
     finally:
         reports = _stopped(stop, results, processes, len(run_ids))
@@ -150,14 +150,6 @@ def _stopped(stop: Any, results: Any, processes: list[Any], runs: int) -> list[A
             process.join(30)
             if process.is_alive():
                 process.kill()
-
-
-def _seconds_until(condition: Any, timeout: float = 60) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, "timed out"
-        time.sleep(0.1)
-    return round(time.monotonic() - started, 2)
 
 
 def _figures(

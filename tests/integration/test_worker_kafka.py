@@ -30,8 +30,8 @@ from tests.support.local_servers import LocalPostgres, LocalTansu
 
 pytestmark = pytest.mark.timeout(120)
 
-# Tansu waits the whole fetch wait on an empty partition (test_bus_kafka.py): with the default
-# 500 ms a sequential submit took 257 ms (p50) here, with 20 ms 21 ms.
+# Tansu waits the whole fetch wait on an empty partition (test_bus_kafka.py), so the default would be
+# every verdict's floor (docs/benchmarks.md, "Kafka transport").
 FETCH_WAIT_MS = 20
 CONTEXT = IntentContext(1, "search", effect="read", arguments={"q": "incident 42"})
 

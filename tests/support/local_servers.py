@@ -255,13 +255,7 @@ class _LocalProcess(abc.ABC):
         """Terminate (then kill) the process and delete its files; safe to call twice."""
         proc, self._proc = self._proc, None
         try:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            _terminate(proc)
         finally:
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
@@ -382,13 +376,7 @@ class LocalNatsCluster:
         try:
             for node, proc in enumerate(self._procs):
                 self._procs[node] = None
-                if proc is not None and proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait(timeout=10)
+                _terminate(proc)
         finally:
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
@@ -458,6 +446,17 @@ class LocalNatsCluster:
                         f"nats node {node} not ready after {self._ready_timeout} s: {self.log_tail(node)}"
                     )
                 time.sleep(0.05)
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a server that ignores the polite way still goes."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def _healthy(monitoring_port: int) -> bool:
